@@ -1,0 +1,337 @@
+//! Configuration: a TOML file (see `proxy-config/`), overridden by CLI flags.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// Errors while loading or validating a configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// could not read config file {path}: {source}
+    #[error("could not read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// invalid config file {path}: {message}
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    /// invalid configuration: {0}
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub rollouts: RolloutConfig,
+    #[serde(default)]
+    pub shards: ShardConfig,
+    /// Named upstream routes, `[[routes]]` in TOML.
+    #[serde(default)]
+    pub routes: Vec<RouteConfig>,
+    /// The route used when no route claims the requested model. Defaults to
+    /// the first route.
+    pub default_route: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    /// Largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+    /// Largest request head (request line and headers) accepted, in bytes.
+    pub max_header_bytes: usize,
+    /// Longest a streamed response may last before it is cut, in seconds.
+    pub max_stream_secs: u64,
+    /// Most calls handled at once; further calls wait.
+    pub max_concurrent_calls: usize,
+    /// Name of an environment variable holding comma-separated client keys.
+    /// When set, every call must present one of them (as `Authorization:
+    /// Bearer` or `x-api-key`).
+    pub client_keys_env: Option<String>,
+    /// Seconds to wait for in-flight calls on shutdown.
+    pub shutdown_grace_secs: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8700".parse().expect("valid default address"),
+            max_body_bytes: 32 << 20,
+            max_header_bytes: 64 << 10,
+            max_stream_secs: 3600,
+            max_concurrent_calls: 4096,
+            client_keys_env: None,
+            shutdown_grace_secs: 30,
+        }
+    }
+}
+
+/// What to do with a call that names no rollout.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Untagged {
+    /// Answer 400 with an explanation.
+    Reject,
+    /// Record it under `default_rollout`.
+    #[default]
+    Default,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolloutConfig {
+    pub untagged: Untagged,
+    pub default_rollout: String,
+}
+
+impl Default for RolloutConfig {
+    fn default() -> Self {
+        Self {
+            untagged: Untagged::Default,
+            default_rollout: "untagged".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShardConfig {
+    /// Shards go to `dir/calls/` and `dir/rollouts/`; the write-ahead log to `dir/wal/`.
+    pub dir: PathBuf,
+    /// Rotate a shard after this many rows.
+    pub max_rows: usize,
+    /// Rotate a shard once it holds about this many bytes.
+    pub max_bytes: usize,
+    /// Rotate (publish) a non-empty shard after this many seconds.
+    pub max_age_secs: f64,
+    /// Call `fsync` on the write-ahead log before acknowledging a call. Off,
+    /// a call survives the proxy being killed; on, it also survives power loss.
+    pub wal_fsync: bool,
+    /// Start a new write-ahead log segment after this many bytes.
+    pub wal_segment_bytes: u64,
+    /// Calls queued between the response path and the log writer; when full,
+    /// responses wait (backpressure) instead of memory growing.
+    pub queue_capacity: usize,
+    /// Parquet compression: "zstd", "snappy" or "none".
+    pub compression: String,
+}
+
+impl Default for ShardConfig {
+    fn default() -> Self {
+        Self {
+            dir: PathBuf::from("./shards"),
+            max_rows: 100_000,
+            max_bytes: 256 << 20,
+            max_age_secs: 60.0,
+            wal_fsync: false,
+            wal_segment_bytes: 64 << 20,
+            queue_capacity: 1024,
+            compression: "zstd".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    pub name: String,
+    /// Base URL including the version prefix, e.g. `http://127.0.0.1:8000/v1`.
+    pub url: String,
+    /// Environment variable holding the upstream API key.
+    pub api_key_env: Option<String>,
+    /// Model names this route serves. `*` at the end matches a prefix.
+    #[serde(default)]
+    pub models: Vec<String>,
+    /// Rename models on the way upstream: harness name → upstream name.
+    #[serde(default)]
+    pub model_map: BTreeMap<String, String>,
+    #[serde(default = "defaults::connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Time allowed until the upstream's response headers arrive.
+    #[serde(default = "defaults::response_timeout_secs")]
+    pub response_timeout_secs: f64,
+    /// Longest silence allowed between two pieces of a response body.
+    #[serde(default = "defaults::idle_timeout_secs")]
+    pub idle_timeout_secs: f64,
+    /// Retries on connection errors (nothing else is retried).
+    #[serde(default = "defaults::connect_retries")]
+    pub connect_retries: u32,
+    /// Idle pooled connections kept per upstream host.
+    #[serde(default = "defaults::pool_max_idle")]
+    pub pool_max_idle: usize,
+}
+
+mod defaults {
+    pub fn connect_timeout_ms() -> u64 {
+        5_000
+    }
+    pub fn response_timeout_secs() -> f64 {
+        600.0
+    }
+    pub fn idle_timeout_secs() -> f64 {
+        300.0
+    }
+    pub fn connect_retries() -> u32 {
+        2
+    }
+    pub fn pool_max_idle() -> usize {
+        512
+    }
+}
+
+impl RouteConfig {
+    /// A route with default settings, as `--upstream URL` creates.
+    pub fn new(name: &str, url: &str) -> Self {
+        Self {
+            name: name.into(),
+            url: url.into(),
+            api_key_env: None,
+            models: Vec::new(),
+            model_map: BTreeMap::new(),
+            connect_timeout_ms: defaults::connect_timeout_ms(),
+            response_timeout_secs: defaults::response_timeout_secs(),
+            idle_timeout_secs: defaults::idle_timeout_secs(),
+            connect_retries: defaults::connect_retries(),
+            pool_max_idle: defaults::pool_max_idle(),
+        }
+    }
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.into(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.into(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::from("<string>"),
+            message: e.to_string(),
+        })
+    }
+
+    /// Apply `--upstream URL`: replace the default route's URL, or create a
+    /// route named `default` when there is none.
+    pub fn set_upstream(&mut self, url: &str) {
+        let default = self.default_route_name().map(str::to_owned);
+        match default.and_then(|d| self.routes.iter_mut().find(|r| r.name == d)) {
+            Some(route) => route.url = url.to_owned(),
+            None => self.routes.push(RouteConfig::new("default", url)),
+        }
+    }
+
+    pub fn default_route_name(&self) -> Option<&str> {
+        self.default_route
+            .as_deref()
+            .or_else(|| self.routes.first().map(|r| r.name.as_str()))
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        if self.routes.is_empty() {
+            return invalid("no upstream route: give --upstream URL or a [[routes]] table".into());
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for r in &self.routes {
+            if !names.insert(r.name.as_str()) {
+                return invalid(format!("route name {:?} is used twice", r.name));
+            }
+            if !(r.url.starts_with("http://") || r.url.starts_with("https://")) {
+                return invalid(format!(
+                    "route {:?}: url {:?} must start with http:// or https://",
+                    r.name, r.url
+                ));
+            }
+            if r.response_timeout_secs <= 0.0 || r.idle_timeout_secs <= 0.0 {
+                return invalid(format!("route {:?}: timeouts must be positive", r.name));
+            }
+        }
+        if let Some(d) = &self.default_route {
+            if !names.contains(d.as_str()) {
+                return invalid(format!("default_route {d:?} names no route"));
+            }
+        }
+        if self.server.max_header_bytes < 8192 {
+            return invalid("server.max_header_bytes must be at least 8192".into());
+        }
+        if self.shards.max_rows == 0 || self.shards.queue_capacity == 0 {
+            return invalid("shards.max_rows and shards.queue_capacity must be positive".into());
+        }
+        if !["zstd", "snappy", "none"].contains(&self.shards.compression.as_str()) {
+            return invalid(format!(
+                "shards.compression {:?}: use zstd, snappy or none",
+                self.shards.compression
+            ));
+        }
+        if self.rollouts.default_rollout.is_empty() {
+            return invalid("rollouts.default_rollout must not be empty".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_flag_creates_or_replaces_default_route() {
+        let mut c = Config::default();
+        c.set_upstream("http://127.0.0.1:9/v1");
+        assert_eq!(c.routes.len(), 1);
+        assert_eq!(c.default_route_name(), Some("default"));
+        c.set_upstream("http://127.0.0.1:10/v1");
+        assert_eq!(c.routes.len(), 1);
+        assert_eq!(c.routes[0].url, "http://127.0.0.1:10/v1");
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn rejects_unknown_fields_and_bad_urls() {
+        assert!(Config::parse("[server]\nlisten_on = 1\n").is_err());
+        let c = Config::parse("[[routes]]\nname = \"a\"\nurl = \"ftp://x\"\n").unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("must start with http"), "{err}");
+    }
+
+    #[test]
+    fn parses_full_example() {
+        let c = Config::parse(
+            r#"
+default_route = "local"
+[server]
+listen = "0.0.0.0:9000"
+[rollouts]
+untagged = "reject"
+[shards]
+dir = "/tmp/x"
+max_age_secs = 5
+[[routes]]
+name = "local"
+url = "http://127.0.0.1:8000/v1"
+models = ["qwen*"]
+model_map = { "gpt-4o" = "qwen" }
+"#,
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.rollouts.untagged, Untagged::Reject);
+        assert_eq!(c.routes[0].model_map["gpt-4o"], "qwen");
+    }
+}

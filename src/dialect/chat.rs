@@ -1,0 +1,221 @@
+//! OpenAI Chat Completions: assemble a chunk stream into one
+//! `chat.completion`, and read the fields a trainer needs from it.
+
+use super::{ids, int_at, push_str, sse::Event, Assembled, StreamOutcome, Tokens, Usage};
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+
+#[derive(Default)]
+struct ChoiceAcc {
+    role: Option<String>,
+    content: Option<String>,
+    reasoning: Option<String>,
+    refusal: Option<String>,
+    tool_calls: BTreeMap<u64, ToolCallAcc>,
+    finish_reason: Option<Value>,
+    logprobs: Vec<Value>,
+    token_ids: Option<Vec<Value>>,
+}
+
+#[derive(Default)]
+struct ToolCallAcc {
+    id: Option<String>,
+    kind: Option<String>,
+    name: Option<String>,
+    arguments: String,
+}
+
+/// Join `chat.completion.chunk` events into one `chat.completion`.
+pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
+    let mut head = Map::new();
+    let mut choices: BTreeMap<u64, ChoiceAcc> = BTreeMap::new();
+    let mut usage = None;
+    let mut error = None;
+    let mut extra = Map::new();
+    let mut seen = false;
+    for ev in events {
+        if ev.data == "[DONE]" {
+            continue;
+        }
+        let Ok(chunk) = serde_json::from_str::<Value>(&ev.data) else {
+            continue;
+        };
+        if let Some(e) = chunk.get("error") {
+            error = Some(e.to_string());
+            continue;
+        }
+        seen = true;
+        for key in ["id", "created", "model", "system_fingerprint", "service_tier"] {
+            if let Some(v) = chunk.get(key) {
+                if !v.is_null() {
+                    head.insert(key.into(), v.clone());
+                }
+            }
+        }
+        // vLLM puts prompt token ids on the first chunk.
+        for key in ["prompt_token_ids", "prompt_logprobs"] {
+            if let Some(v) = chunk.get(key).filter(|v| !v.is_null()) {
+                extra.insert(key.into(), v.clone());
+            }
+        }
+        if let Some(u) = chunk.get("usage").filter(|u| !u.is_null()) {
+            usage = Some(u.clone());
+        }
+        for c in chunk.get("choices").and_then(Value::as_array).into_iter().flatten() {
+            let idx = c.get("index").and_then(Value::as_u64).unwrap_or(0);
+            let acc = choices.entry(idx).or_default();
+            if let Some(d) = c.get("delta") {
+                if let Some(r) = d.get("role").and_then(Value::as_str) {
+                    acc.role = Some(r.into());
+                }
+                push_str(&mut acc.content, d.get("content"));
+                push_str(&mut acc.reasoning, d.get("reasoning_content"));
+                push_str(&mut acc.reasoning, d.get("reasoning"));
+                push_str(&mut acc.refusal, d.get("refusal"));
+                for tc in d.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+                    let ti = tc.get("index").and_then(Value::as_u64).unwrap_or(0);
+                    let t = acc.tool_calls.entry(ti).or_default();
+                    if let Some(id) = tc.get("id").and_then(Value::as_str) {
+                        t.id = Some(id.into());
+                    }
+                    if let Some(k) = tc.get("type").and_then(Value::as_str) {
+                        t.kind = Some(k.into());
+                    }
+                    if let Some(f) = tc.get("function") {
+                        if let Some(n) = f.get("name").and_then(Value::as_str) {
+                            t.name.get_or_insert_with(String::new).push_str(n);
+                        }
+                        if let Some(a) = f.get("arguments").and_then(Value::as_str) {
+                            t.arguments.push_str(a);
+                        }
+                    }
+                }
+            }
+            if let Some(f) = c.get("finish_reason").filter(|f| !f.is_null()) {
+                acc.finish_reason = Some(f.clone());
+            }
+            if let Some(lp) = c.pointer("/logprobs/content").and_then(Value::as_array) {
+                acc.logprobs.extend(lp.iter().cloned());
+            }
+            if let Some(t) = c.get("token_ids").and_then(Value::as_array) {
+                acc.token_ids.get_or_insert_with(Vec::new).extend(t.iter().cloned());
+            }
+        }
+    }
+    if !seen {
+        return StreamOutcome { response: None, error };
+    }
+    let mut obj = head;
+    obj.insert("object".into(), json!("chat.completion"));
+    let choices: Vec<Value> = choices
+        .into_iter()
+        .map(|(index, a)| {
+            let mut msg = Map::new();
+            msg.insert("role".into(), json!(a.role.unwrap_or_else(|| "assistant".into())));
+            msg.insert("content".into(), a.content.map_or(Value::Null, Value::String));
+            if let Some(r) = a.reasoning {
+                msg.insert("reasoning_content".into(), json!(r));
+            }
+            if let Some(r) = a.refusal {
+                msg.insert("refusal".into(), json!(r));
+            }
+            if !a.tool_calls.is_empty() {
+                let calls: Vec<Value> = a
+                    .tool_calls
+                    .into_values()
+                    .map(|t| {
+                        json!({
+                            "id": t.id,
+                            "type": t.kind.unwrap_or_else(|| "function".into()),
+                            "function": {"name": t.name, "arguments": t.arguments},
+                        })
+                    })
+                    .collect();
+                msg.insert("tool_calls".into(), Value::Array(calls));
+            }
+            let mut choice = json!({
+                "index": index,
+                "message": msg,
+                "finish_reason": a.finish_reason,
+                "logprobs": if a.logprobs.is_empty() { Value::Null } else { json!({"content": a.logprobs}) },
+            });
+            if let Some(t) = a.token_ids {
+                choice["token_ids"] = Value::Array(t);
+            }
+            choice
+        })
+        .collect();
+    obj.insert("choices".into(), Value::Array(choices));
+    obj.insert("usage".into(), usage.unwrap_or(Value::Null));
+    obj.extend(extra);
+    StreamOutcome {
+        response: Some(Value::Object(obj)),
+        error,
+    }
+}
+
+/// Read message, tool calls, usage and tokens from a `chat.completion`.
+pub fn extract(resp: &Value, out: &mut Assembled) {
+    let choice = resp.pointer("/choices/0");
+    if let Some(msg) = choice.and_then(|c| c.get("message")) {
+        out.message = Some(msg.clone());
+        out.tool_calls = msg.get("tool_calls").filter(|t| !t.is_null()).cloned();
+    }
+    out.finish_reason = choice
+        .and_then(|c| c.get("finish_reason"))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    out.usage = usage(resp.get("usage").unwrap_or(&Value::Null));
+    out.tokens = tokens(resp, choice);
+}
+
+pub(crate) fn usage(u: &Value) -> Usage {
+    Usage {
+        prompt: int_at(u, &["prompt_tokens"]),
+        completion: int_at(u, &["completion_tokens"]),
+        total: int_at(u, &["total_tokens"]),
+        cached: int_at(u, &["prompt_tokens_details", "cached_tokens"]),
+        reasoning: int_at(u, &["completion_tokens_details", "reasoning_tokens"]),
+    }
+}
+
+/// Token ids and logprobs in the shapes vLLM and SGLang return them.
+fn tokens(resp: &Value, choice: Option<&Value>) -> Tokens {
+    let logprobs = choice
+        .and_then(|c| c.pointer("/logprobs/content"))
+        .and_then(Value::as_array)
+        .map(|lp| lp.iter().map(|t| t.get("logprob").and_then(Value::as_f64).unwrap_or(f64::NAN)).collect());
+    let prompt_ids = ids(resp.get("prompt_token_ids")).or_else(|| ids(choice.and_then(|c| c.get("prompt_token_ids"))));
+    let completion_ids = ids(choice.and_then(|c| c.get("token_ids")));
+    Tokens {
+        prompt_ids,
+        completion_ids,
+        prompt_logprobs: None,
+        completion_logprobs: logprobs,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::sse::parse_all;
+    use super::*;
+
+    #[test]
+    fn assembles_content_and_tool_call_deltas() {
+        let stream = concat!(
+            "data: {\"id\":\"c1\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Hel\"}}]}\n\n",
+            "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo\"}}]}\n\n",
+            "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"bash\",\"arguments\":\"{\\\"cmd\\\":\"}}]}}]}\n\n",
+            "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"\\\"ls\\\"}\"}}]},\"finish_reason\":\"tool_calls\"}]}\n\n",
+            "data: {\"id\":\"c1\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":3,\"total_tokens\":8}}\n\n",
+            "data: [DONE]\n\n"
+        );
+        let a = crate::dialect::WireApi::ChatCompletions.assemble(stream.as_bytes(), true);
+        let msg = a.message.unwrap();
+        assert_eq!(msg["content"], "Hello");
+        assert_eq!(msg["tool_calls"][0]["function"]["arguments"], "{\"cmd\":\"ls\"}");
+        assert_eq!(a.finish_reason.as_deref(), Some("tool_calls"));
+        assert_eq!(a.usage.total, Some(8));
+        assert_eq!(parse_all(stream.as_bytes()).len(), 6);
+    }
+}

@@ -1,0 +1,239 @@
+//! Wire APIs: which one a call speaks, how its streams are parsed and
+//! assembled back into one response, how requests are normalized to chat
+//! messages, and how errors are written in each API's own format.
+
+pub mod chat;
+pub mod completions;
+pub mod responses;
+pub mod sse;
+pub mod terminal;
+
+use serde_json::{json, Value};
+
+/// The wire API a harness spoke for one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WireApi {
+    ChatCompletions,
+    Responses,
+    Completions,
+}
+
+impl WireApi {
+    /// The API for a path below the version prefix (`/chat/completions`, …).
+    pub fn from_endpoint(endpoint: &str) -> Option<Self> {
+        match endpoint {
+            "/chat/completions" => Some(Self::ChatCompletions),
+            "/responses" => Some(Self::Responses),
+            "/completions" => Some(Self::Completions),
+            _ => None,
+        }
+    }
+
+    pub fn endpoint(self) -> &'static str {
+        match self {
+            Self::ChatCompletions => "/chat/completions",
+            Self::Responses => "/responses",
+            Self::Completions => "/completions",
+        }
+    }
+
+    /// The name stored in the `wire_api` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ChatCompletions => "chat_completions",
+            Self::Responses => "responses",
+            Self::Completions => "completions",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        [Self::ChatCompletions, Self::Responses, Self::Completions]
+            .into_iter()
+            .find(|w| w.as_str() == name)
+    }
+
+    /// Assemble a response body (a whole SSE stream when `stream`) into
+    /// one response object plus the fields a trainer reads.
+    pub fn assemble(self, body: &[u8], stream: bool) -> Assembled {
+        let value = if stream {
+            let events = sse::parse_all(body);
+            match self {
+                Self::ChatCompletions => chat::assemble_stream(&events),
+                Self::Responses => responses::assemble_stream(&events),
+                Self::Completions => completions::assemble_stream(&events),
+            }
+        } else {
+            match serde_json::from_slice::<Value>(body) {
+                Ok(v) => StreamOutcome {
+                    response: Some(v),
+                    error: None,
+                },
+                Err(_) => StreamOutcome::default(),
+            }
+        };
+        let mut out = Assembled {
+            error: value.error,
+            ..Assembled::default()
+        };
+        if let Some(resp) = value.response {
+            match self {
+                Self::ChatCompletions => chat::extract(&resp, &mut out),
+                Self::Responses => responses::extract(&resp, &mut out),
+                Self::Completions => completions::extract(&resp, &mut out),
+            }
+            out.response = Some(resp);
+        }
+        out
+    }
+
+    /// Normalize a request body to chat-format messages and tool definitions.
+    pub fn normalize_request(self, request: &Value) -> Normalized {
+        match self {
+            Self::ChatCompletions => Normalized {
+                messages: request.get("messages").cloned().unwrap_or(json!([])),
+                tools: request.get("tools").cloned(),
+            },
+            Self::Responses => responses::normalize_request(request),
+            Self::Completions => Normalized {
+                messages: json!([{"role": "user", "content": request.get("prompt").cloned().unwrap_or(Value::Null)}]),
+                tools: None,
+            },
+        }
+    }
+
+    /// An error body in this API's format.
+    pub fn error_body(self, err: &ApiError) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "error": {
+                "message": err.message,
+                "type": err.kind,
+                "param": Value::Null,
+                "code": err.code,
+            }
+        }))
+        .unwrap_or_default()
+    }
+
+    /// An error as one event of this API's stream, for a stream that breaks
+    /// after its headers were sent.
+    pub fn error_event(self, err: &ApiError) -> Vec<u8> {
+        let inner = json!({"message": err.message, "type": err.kind, "code": err.code, "param": Value::Null});
+        match self {
+            Self::Responses => {
+                let data = json!({
+                    "type": "error",
+                    "code": err.code,
+                    "message": err.message,
+                    "param": Value::Null,
+                    "error": inner,
+                });
+                format!("event: error\ndata: {data}\n\n").into_bytes()
+            }
+            Self::ChatCompletions | Self::Completions => {
+                format!("data: {}\n\n", json!({ "error": inner })).into_bytes()
+            }
+        }
+    }
+}
+
+/// An error the proxy itself answers with.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: u16,
+    /// OpenAI's error `type`: `invalid_request_error`, `authentication_error`,
+    /// `not_found_error`, `server_error`, …
+    pub kind: &'static str,
+    /// A stable machine-readable code, e.g. `body_too_large`.
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: u16, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            kind,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// What a stream parser recovered: the response object, and an error event if
+/// the stream carried one.
+#[derive(Debug, Default)]
+pub struct StreamOutcome {
+    pub response: Option<Value>,
+    pub error: Option<String>,
+}
+
+/// A request normalized to chat format.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Normalized {
+    pub messages: Value,
+    pub tools: Option<Value>,
+}
+
+/// Token usage as reported by the upstream.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Usage {
+    pub prompt: Option<i64>,
+    pub completion: Option<i64>,
+    pub total: Option<i64>,
+    pub cached: Option<i64>,
+    pub reasoning: Option<i64>,
+}
+
+/// Token ids and logprobs, when the upstream returned them.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Tokens {
+    pub prompt_ids: Option<Vec<i32>>,
+    pub completion_ids: Option<Vec<i32>>,
+    pub prompt_logprobs: Option<Vec<f64>>,
+    pub completion_logprobs: Option<Vec<f64>>,
+}
+
+impl Tokens {
+    /// The `token_capture` column: what the row holds.
+    pub fn capture(&self) -> &'static str {
+        let ids = self.completion_ids.is_some() || self.prompt_ids.is_some();
+        match (ids, self.completion_logprobs.is_some()) {
+            (true, true) => "ids_and_logprobs",
+            (true, false) => "ids",
+            (false, true) => "logprobs",
+            (false, false) => "none",
+        }
+    }
+}
+
+/// A response assembled into one object, with the fields a trainer reads.
+#[derive(Debug, Default)]
+pub struct Assembled {
+    pub response: Option<Value>,
+    /// The assistant's answer as a chat message (content, reasoning_content, tool_calls).
+    pub message: Option<Value>,
+    pub tool_calls: Option<Value>,
+    pub finish_reason: Option<String>,
+    pub usage: Usage,
+    pub tokens: Tokens,
+    /// An error event found inside a stream.
+    pub error: Option<String>,
+}
+
+/// Read an integer field path such as `["usage", "prompt_tokens"]`.
+pub(crate) fn int_at(v: &Value, path: &[&str]) -> Option<i64> {
+    path.iter().try_fold(v, |v, k| v.get(k))?.as_i64()
+}
+
+/// Read an array of integers as token ids.
+pub(crate) fn ids(v: Option<&Value>) -> Option<Vec<i32>> {
+    let arr = v?.as_array()?;
+    arr.iter().map(|x| x.as_i64().map(|i| i as i32)).collect()
+}
+
+/// Append JSON string `piece` to an optional accumulated string.
+pub(crate) fn push_str(acc: &mut Option<String>, piece: Option<&Value>) {
+    if let Some(s) = piece.and_then(Value::as_str) {
+        acc.get_or_insert_with(String::new).push_str(s);
+    }
+}

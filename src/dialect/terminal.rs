@@ -1,0 +1,72 @@
+//! Spot the event that completes a stream (`data: [DONE]`,
+//! `response.completed`, …) as bytes pass through, without buffering them.
+//!
+//! The proxy holds back the chunk that completes that event until the call
+//! is in the write-ahead log, so a harness never sees a finished stream that
+//! is not on disk.
+
+/// Scans an SSE byte stream line by line, keeping only each line's head.
+#[derive(Debug, Default)]
+pub struct Detector {
+    head: Vec<u8>,
+    after_cr: bool,
+    terminal_event: bool,
+}
+
+const HEAD: usize = 48;
+
+const MARKERS: &[&[u8]] = &[
+    b"data: [DONE]",
+    b"data:[DONE]",
+    b"event: response.completed",
+    b"event: response.failed",
+    b"event: response.incomplete",
+    b"event: message_stop",
+    b"data: {\"type\":\"response.completed\"",
+    b"data: {\"type\":\"response.failed\"",
+    b"data: {\"type\":\"response.incomplete\"",
+    b"data: {\"type\":\"message_stop\"",
+];
+
+impl Detector {
+    /// Feed one chunk; true when the chunk ends (dispatches) a terminal event.
+    pub fn feed(&mut self, bytes: &[u8]) -> bool {
+        let mut done = false;
+        for &b in bytes {
+            if self.after_cr && b == b'\n' {
+                self.after_cr = false;
+                continue;
+            }
+            self.after_cr = b == b'\r';
+            if b == b'\n' || b == b'\r' {
+                if self.head.is_empty() {
+                    done |= std::mem::take(&mut self.terminal_event);
+                } else if MARKERS.iter().any(|m| self.head.starts_with(m)) {
+                    self.terminal_event = true;
+                }
+                self.head.clear();
+            } else if self.head.len() < HEAD {
+                self.head.push(b);
+            }
+        }
+        done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminal_only_when_event_is_dispatched() {
+        let mut d = Detector::default();
+        assert!(!d.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"[DONE]\"}}]}\n\n"));
+        assert!(!d.feed(b"event: response.completed\n"));
+        assert!(!d.feed(b"data: {\"type\":\"response.completed\"}"));
+        assert!(d.feed(b"\n\n"));
+        let mut d = Detector::default();
+        assert!(!d.feed(b"data: [DO"));
+        assert!(!d.feed(b"NE]\r\n"));
+        assert!(d.feed(b"\r\n"));
+    }
+}

@@ -1,0 +1,291 @@
+//! Recording: every call becomes a row, first in a write-ahead log (WAL),
+//! then in a Parquet shard.
+//!
+//! ```text
+//!  response path ──Begin/End──▶ [bounded queue] ──▶ WAL thread ──▶ [bounded queue] ──▶ shard thread
+//!        ▲                                            │  (group commit)                   │ (rotate, publish)
+//!        └──────────── ack: End is in the WAL ◀──────┘                                   ▼
+//!                                                       segments deleted once their rows are in shards
+//! ```
+//!
+//! The response path never waits for Parquet; it waits only for the WAL write
+//! of a call's end before releasing the last bytes to the harness. Both queues
+//! are bounded: when the disk falls behind, responses slow down instead of
+//! memory growing. On start, `replay` turns what the WAL holds into shard rows
+//! (calls cut off by a crash become `incomplete` rows), exactly once.
+
+pub mod replay;
+pub mod row;
+pub mod shard;
+pub mod wal;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+
+pub use row::{CallRow, RolloutRow};
+
+/// Version of the shard schema, also written into each file's metadata.
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// Why recording failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// the recorder has shut down
+    #[error("the recorder has shut down")]
+    Closed,
+    /// write-ahead log write failed: {0}
+    #[error("write-ahead log write failed: {0}")]
+    Wal(String),
+    /// shard I/O failed: {0}
+    #[error("shard I/O failed: {0}")]
+    Shard(String),
+}
+
+/// Everything known about a call when it arrives.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CallMeta {
+    pub call_id: String,
+    pub rollout_id: String,
+    pub sequence: i64,
+    pub wire_api: String,
+    pub route: Option<String>,
+    pub model: Option<String>,
+    pub upstream_model: Option<String>,
+    pub stream: bool,
+    pub received_at: i64,
+    pub user_agent: Option<String>,
+}
+
+/// A call as it begins: its metadata and the request bodies.
+#[derive(Debug, Clone)]
+pub struct CallBegin {
+    pub meta: CallMeta,
+    /// The request body exactly as the harness sent it.
+    pub request: Bytes,
+    /// The body sent upstream, when it differs from `request`.
+    pub upstream_request: Option<Bytes>,
+}
+
+/// `ok`: the harness got a complete answer; `failed`: it got an error;
+/// `incomplete`: the proxy stopped before the call ended.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum CallStatus {
+    Ok,
+    Failed,
+    Incomplete,
+}
+
+impl CallStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Failed => "failed",
+            Self::Incomplete => "incomplete",
+        }
+    }
+}
+
+/// The typed failure class of a call, stored in `failure_class`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureClass {
+    /// The request body was not valid JSON or lacked required fields.
+    BadRequest,
+    /// The request body exceeded `server.max_body_bytes`.
+    BodyTooLarge,
+    /// The client key was missing or wrong.
+    Unauthorized,
+    /// No route serves the requested model.
+    UnknownRoute,
+    /// The upstream could not be reached (after retries).
+    UpstreamConnect,
+    /// The upstream did not answer in time.
+    UpstreamTimeout,
+    /// The upstream answered 4xx.
+    UpstreamClientError,
+    /// The upstream answered 5xx.
+    UpstreamServerError,
+    /// The upstream closed a response midway.
+    UpstreamDropped,
+    /// The upstream's stream carried an error event.
+    UpstreamStreamError,
+    /// The stream lasted longer than `server.max_stream_secs`.
+    StreamTimeout,
+    /// The harness disconnected before the response ended.
+    ClientDisconnected,
+    /// The proxy stopped (crash, kill) while the call was in flight.
+    Interrupted,
+    /// The proxy failed internally.
+    Internal,
+}
+
+impl FailureClass {
+    pub const ALL: [FailureClass; 14] = [
+        Self::BadRequest,
+        Self::BodyTooLarge,
+        Self::Unauthorized,
+        Self::UnknownRoute,
+        Self::UpstreamConnect,
+        Self::UpstreamTimeout,
+        Self::UpstreamClientError,
+        Self::UpstreamServerError,
+        Self::UpstreamDropped,
+        Self::UpstreamStreamError,
+        Self::StreamTimeout,
+        Self::ClientDisconnected,
+        Self::Interrupted,
+        Self::Internal,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BadRequest => "bad_request",
+            Self::BodyTooLarge => "body_too_large",
+            Self::Unauthorized => "unauthorized",
+            Self::UnknownRoute => "unknown_route",
+            Self::UpstreamConnect => "upstream_connect",
+            Self::UpstreamTimeout => "upstream_timeout",
+            Self::UpstreamClientError => "upstream_client_error",
+            Self::UpstreamServerError => "upstream_server_error",
+            Self::UpstreamDropped => "upstream_dropped",
+            Self::UpstreamStreamError => "upstream_stream_error",
+            Self::StreamTimeout => "stream_timeout",
+            Self::ClientDisconnected => "client_disconnected",
+            Self::Interrupted => "interrupted",
+            Self::Internal => "internal",
+        }
+    }
+}
+
+/// How a call ended.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CallOutcome {
+    pub call_id: String,
+    pub status: CallStatus,
+    /// The HTTP status the harness received.
+    pub http_status: Option<u16>,
+    pub failure_class: Option<FailureClass>,
+    pub failure_message: Option<String>,
+    pub first_byte_at: Option<i64>,
+    pub done_at: i64,
+}
+
+/// A rollout's outcome, from `POST /v1/rollouts/<id>/finish`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RolloutFinish {
+    pub record_id: String,
+    pub rollout_id: String,
+    pub status: String,
+    pub reward: Option<f64>,
+    /// Free-form JSON, stored as text.
+    pub metadata: Option<String>,
+    pub finished_at: i64,
+    /// Calls the proxy had sequenced for this rollout when it finished.
+    pub calls: i64,
+}
+
+/// A finished call on its way to a shard.
+#[derive(Debug, Clone)]
+pub struct CompletedCall {
+    pub begin: Arc<CallBegin>,
+    pub outcome: CallOutcome,
+    /// The response body exactly as the harness received it (a whole SSE
+    /// stream for streaming calls).
+    pub response: Bytes,
+}
+
+/// Live counters, read by `/metrics`.
+#[derive(Debug, Default)]
+pub struct RecorderStats {
+    /// Rows acknowledged in the WAL and not yet in a published shard.
+    pub unpublished_rows: AtomicI64,
+    pub rows_published: AtomicU64,
+    pub shards_published: AtomicU64,
+    pub wal_bytes_written: AtomicU64,
+    pub wal_segments: AtomicI64,
+}
+
+pub(crate) enum WalMsg {
+    Begin(Arc<CallBegin>),
+    End {
+        outcome: CallOutcome,
+        response: Bytes,
+        ack: oneshot::Sender<Result<(), RecordError>>,
+    },
+    Finish {
+        finish: RolloutFinish,
+        ack: oneshot::Sender<Result<(), RecordError>>,
+    },
+    /// Shards were published; check which segments can go.
+    Wake,
+    Shutdown,
+}
+
+/// The response path's handle on the recorder. Cheap to clone.
+#[derive(Clone)]
+pub struct Recorder {
+    tx: mpsc::Sender<WalMsg>,
+    pub stats: Arc<RecorderStats>,
+}
+
+impl Recorder {
+    /// Replay what an earlier run left in the WAL, then start the WAL and
+    /// shard threads.
+    pub fn start(cfg: &crate::config::ShardConfig) -> Result<(Recorder, RecorderTask, replay::Recovered), RecordError> {
+        let recovered = replay::recover(cfg)?;
+        let stats = Arc::new(RecorderStats::default());
+        let (tx, rx) = mpsc::channel(cfg.queue_capacity);
+        let thread = wal::spawn(cfg.clone(), recovered.next_segment, rx, tx.clone(), stats.clone())?;
+        Ok((Recorder { tx: tx.clone(), stats }, RecorderTask { tx, thread: Some(thread) }, recovered))
+    }
+
+    /// Log a call's start. Waits only for queue space.
+    pub async fn begin(&self, begin: Arc<CallBegin>) -> Result<(), RecordError> {
+        self.tx.send(WalMsg::Begin(begin)).await.map_err(|_| RecordError::Closed)
+    }
+
+    /// Log a call's end and wait until it is in the WAL.
+    pub async fn end(&self, outcome: CallOutcome, response: Bytes) -> Result<(), RecordError> {
+        let (ack, done) = oneshot::channel();
+        self.tx
+            .send(WalMsg::End { outcome, response, ack })
+            .await
+            .map_err(|_| RecordError::Closed)?;
+        done.await.map_err(|_| RecordError::Closed)?
+    }
+
+    /// Log a rollout's outcome and wait until it is in the WAL.
+    pub async fn finish(&self, finish: RolloutFinish) -> Result<(), RecordError> {
+        let (ack, done) = oneshot::channel();
+        self.tx
+            .send(WalMsg::Finish { finish, ack })
+            .await
+            .map_err(|_| RecordError::Closed)?;
+        done.await.map_err(|_| RecordError::Closed)?
+    }
+
+    pub fn unpublished_rows(&self) -> i64 {
+        self.stats.unpublished_rows.load(Ordering::Relaxed)
+    }
+}
+
+/// Owns the recorder threads; `shutdown` flushes and publishes everything.
+pub struct RecorderTask {
+    tx: mpsc::Sender<WalMsg>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RecorderTask {
+    /// Publish every pending row and stop. Calls still in flight are left in
+    /// the WAL and become `incomplete` rows at the next start.
+    pub async fn shutdown(mut self) {
+        let _ = self.tx.send(WalMsg::Shutdown).await;
+        if let Some(t) = self.thread.take() {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
+    }
+}

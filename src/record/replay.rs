@@ -1,0 +1,182 @@
+//! Start-up recovery: turn what the WAL holds into shard rows, exactly once.
+//!
+//! Every call and rollout finish in the WAL that no published shard holds yet
+//! (matched on `call_id` / `record_id`) is written to a new shard; a call
+//! with a begin record and no end record becomes an `incomplete` row with
+//! failure class `interrupted`. Then the replayed segments are deleted.
+//! Recovery also reads each rollout's highest sequence number so numbering
+//! continues where it stopped.
+
+use super::row::CallRow;
+use super::shard::{list_shards, write_now};
+use super::wal::{list_segments, read_segment, segment_path};
+use super::{CallBegin, CallOutcome, CallStatus, CompletedCall, FailureClass, RecordError, RolloutFinish};
+use crate::config::ShardConfig;
+use arrow::array::{Array, AsArray};
+use arrow::datatypes::Int64Type;
+use bytes::Bytes;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ProjectionMask;
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+
+/// What recovery found.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    /// First WAL segment number for this run.
+    pub next_segment: u64,
+    /// Next sequence number per rollout.
+    pub next_sequence: HashMap<String, i64>,
+    /// Calls replayed from the WAL into a shard.
+    pub replayed_calls: usize,
+    /// Of those, calls cut off by the crash.
+    pub incomplete_calls: usize,
+    pub replayed_rollouts: usize,
+}
+
+/// Read the named string columns (and `sequence` if asked) of every shard.
+fn scan_shards(
+    dir: &Path,
+    kind: &str,
+    id_col: &str,
+    mut each: impl FnMut(&str, Option<(&str, i64)>),
+) -> Result<(), RecordError> {
+    let err = |e: &dyn std::fmt::Display, p: &Path| RecordError::Shard(format!("{}: {e}", p.display()));
+    for path in list_shards(dir, kind).map_err(|e| RecordError::Shard(e.to_string()))? {
+        let file = std::fs::File::open(&path).map_err(|e| err(&e, &path))?;
+        let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| err(&e, &path))?;
+        let schema = builder.parquet_schema();
+        let want: Vec<usize> = (0..schema.num_columns())
+            .filter(|&i| {
+                let n = schema.column(i).name().to_owned();
+                n == id_col || (kind == "calls" && (n == "rollout_id" || n == "sequence"))
+            })
+            .collect();
+        let mask = ProjectionMask::leaves(schema, want);
+        let reader = builder.with_projection(mask).build().map_err(|e| err(&e, &path))?;
+        for batch in reader {
+            let batch = batch.map_err(|e| err(&e, &path))?;
+            let Some(ids) = batch.column_by_name(id_col).map(|c| c.as_string::<i32>().clone()) else {
+                continue;
+            };
+            let rollouts = batch.column_by_name("rollout_id").map(|c| c.as_string::<i32>().clone());
+            let seqs = batch.column_by_name("sequence").map(|c| c.as_primitive::<Int64Type>().clone());
+            for i in 0..ids.len() {
+                let extra = match (&rollouts, &seqs) {
+                    (Some(r), Some(s)) if !r.is_null(i) => Some((r.value(i), s.value(i))),
+                    _ => None,
+                };
+                each(ids.value(i), extra);
+            }
+        }
+    }
+    Ok(())
+}
+
+pub fn recover(cfg: &ShardConfig) -> Result<Recovered, RecordError> {
+    let wal_dir = cfg.dir.join("wal");
+    let io = |e: std::io::Error| RecordError::Wal(e.to_string());
+    // Half-written shards of a crashed run are garbage: their rows are in the WAL.
+    let tmp = cfg.dir.join(".tmp");
+    if tmp.exists() {
+        for e in std::fs::read_dir(&tmp).map_err(io)? {
+            let _ = std::fs::remove_file(e.map_err(io)?.path());
+        }
+    }
+    let mut out = Recovered::default();
+    let mut known_calls = HashSet::new();
+    scan_shards(&cfg.dir, "calls", "call_id", |id, extra| {
+        known_calls.insert(id.to_owned());
+        if let Some((rollout, seq)) = extra {
+            let next = out.next_sequence.entry(rollout.to_owned()).or_insert(0);
+            *next = (*next).max(seq + 1);
+        }
+    })?;
+    let segments = list_segments(&wal_dir).map_err(io)?;
+    out.next_segment = segments.last().map_or(0, |s| s + 1);
+    if segments.is_empty() {
+        return Ok(out);
+    }
+    let mut known_finishes = HashSet::new();
+    scan_shards(&cfg.dir, "rollouts", "record_id", |id, _| {
+        known_finishes.insert(id.to_owned());
+    })?;
+
+    let mut begins: Vec<Arc<CallBegin>> = Vec::new();
+    let mut ends: HashMap<String, (CallOutcome, Bytes)> = HashMap::new();
+    let mut finishes: Vec<RolloutFinish> = Vec::new();
+    let mut last_time = 0i64;
+    for &seg in &segments {
+        let path = segment_path(&wal_dir, seg);
+        let contents = read_segment(&path).map_err(io)?;
+        if !contents.clean {
+            tracing::warn!(segment = %path.display(), "WAL segment ends in a torn frame; replaying what precedes it");
+        }
+        for (meta, request, upstream_request) in contents.begins {
+            last_time = last_time.max(meta.received_at);
+            begins.push(Arc::new(CallBegin {
+                meta,
+                request,
+                upstream_request,
+            }));
+        }
+        for (o, resp) in contents.ends {
+            last_time = last_time.max(o.done_at);
+            ends.insert(o.call_id.clone(), (o, resp));
+        }
+        finishes.extend(contents.finishes);
+    }
+
+    let mut rows = Vec::new();
+    for begin in begins {
+        let m = &begin.meta;
+        let next = out.next_sequence.entry(m.rollout_id.clone()).or_insert(0);
+        *next = (*next).max(m.sequence + 1);
+        if known_calls.contains(&m.call_id) {
+            continue;
+        }
+        let (outcome, response) = ends.remove(&m.call_id).unwrap_or_else(|| {
+            out.incomplete_calls += 1;
+            (
+                CallOutcome {
+                    call_id: m.call_id.clone(),
+                    status: CallStatus::Incomplete,
+                    http_status: None,
+                    failure_class: Some(FailureClass::Interrupted),
+                    failure_message: Some("the proxy stopped while this call was in flight".into()),
+                    first_byte_at: None,
+                    done_at: last_time.max(m.received_at),
+                },
+                Bytes::new(),
+            )
+        });
+        rows.push(CallRow::build(&CompletedCall {
+            begin: begin.clone(),
+            outcome,
+            response,
+        }));
+    }
+    out.replayed_calls = rows.len();
+    let finishes: Vec<RolloutFinish> = finishes
+        .into_iter()
+        .filter(|f| !known_finishes.contains(&f.record_id))
+        .collect();
+    out.replayed_rollouts = finishes.len();
+    let shard_err = |e: parquet::errors::ParquetError| RecordError::Shard(e.to_string());
+    write_now(cfg, rows).map_err(shard_err)?;
+    write_now(cfg, finishes).map_err(shard_err)?;
+    for seg in segments {
+        std::fs::remove_file(segment_path(&wal_dir, seg)).map_err(io)?;
+    }
+    super::wal::sync_dir(&wal_dir);
+    if out.replayed_calls + out.replayed_rollouts > 0 {
+        tracing::info!(
+            calls = out.replayed_calls,
+            incomplete = out.incomplete_calls,
+            rollouts = out.replayed_rollouts,
+            "replayed the write-ahead log into shards"
+        );
+    }
+    Ok(out)
+}

@@ -1,0 +1,126 @@
+//! The row model: one `CallRow` per call, one `RolloutRow` per finished
+//! rollout. `docs/shards.md` documents every column.
+
+use super::{CompletedCall, RolloutFinish};
+use crate::dialect::{Assembled, WireApi};
+use serde_json::Value;
+
+/// One call, as stored in `calls/*.parquet`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallRow {
+    pub call_id: String,
+    pub rollout_id: String,
+    pub sequence: i64,
+    pub wire_api: String,
+    pub route: Option<String>,
+    pub model: Option<String>,
+    pub upstream_model: Option<String>,
+    pub stream: bool,
+    pub status: String,
+    pub http_status: Option<i32>,
+    pub failure_class: Option<String>,
+    pub failure_message: Option<String>,
+    pub request: String,
+    pub upstream_request: Option<String>,
+    pub response: Option<String>,
+    pub response_raw: Option<Vec<u8>>,
+    pub messages: Option<String>,
+    pub tools: Option<String>,
+    pub response_message: Option<String>,
+    pub tool_calls: Option<String>,
+    pub finish_reason: Option<String>,
+    pub received_at: i64,
+    pub first_byte_at: Option<i64>,
+    pub done_at: Option<i64>,
+    pub prompt_tokens: Option<i64>,
+    pub completion_tokens: Option<i64>,
+    pub total_tokens: Option<i64>,
+    pub cached_tokens: Option<i64>,
+    pub reasoning_tokens: Option<i64>,
+    pub token_capture: String,
+    pub prompt_token_ids: Option<Vec<i32>>,
+    pub completion_token_ids: Option<Vec<i32>>,
+    pub prompt_logprobs: Option<Vec<f64>>,
+    pub completion_logprobs: Option<Vec<f64>>,
+    pub user_agent: Option<String>,
+}
+
+fn json_text(v: &Value) -> Option<String> {
+    (!v.is_null()).then(|| v.to_string())
+}
+
+impl CallRow {
+    /// Assemble a finished call into its row: parse the request, join the
+    /// stream, normalize messages. Runs on the shard thread, off the
+    /// response path, and again identically on WAL replay.
+    pub fn build(c: &CompletedCall) -> CallRow {
+        let m = &c.begin.meta;
+        let o = &c.outcome;
+        let api = WireApi::parse(&m.wire_api);
+        let request: Option<Value> = serde_json::from_slice(&c.begin.request).ok();
+        let normalized = match (api, &request) {
+            (Some(api), Some(req)) => Some(api.normalize_request(req)),
+            _ => None,
+        };
+        let assembled = match api {
+            Some(api) if !c.response.is_empty() && o.http_status.is_some_and(|s| s < 400) => {
+                api.assemble(&c.response, m.stream)
+            }
+            _ => Assembled::default(),
+        };
+        let failure_message = o
+            .failure_message
+            .clone()
+            .or_else(|| assembled.error.clone());
+        CallRow {
+            call_id: m.call_id.clone(),
+            rollout_id: m.rollout_id.clone(),
+            sequence: m.sequence,
+            wire_api: m.wire_api.clone(),
+            route: m.route.clone(),
+            model: m.model.clone(),
+            upstream_model: m.upstream_model.clone(),
+            stream: m.stream,
+            status: o.status.as_str().into(),
+            http_status: o.http_status.map(i32::from),
+            failure_class: o.failure_class.map(|f| f.as_str().to_owned()),
+            failure_message,
+            request: String::from_utf8_lossy(&c.begin.request).into_owned(),
+            upstream_request: c
+                .begin
+                .upstream_request
+                .as_ref()
+                .map(|b| String::from_utf8_lossy(b).into_owned()),
+            response: assembled.response.as_ref().map(Value::to_string).or_else(|| {
+                // An error body (not assembled) is still the response the harness saw.
+                (!c.response.is_empty() && !m.stream).then(|| String::from_utf8_lossy(&c.response).into_owned())
+            }),
+            response_raw: (!c.response.is_empty()).then(|| c.response.to_vec()),
+            messages: normalized.as_ref().and_then(|n| json_text(&n.messages)),
+            tools: normalized
+                .as_ref()
+                .and_then(|n| n.tools.as_ref())
+                .and_then(json_text),
+            response_message: assembled.message.as_ref().and_then(json_text),
+            tool_calls: assembled.tool_calls.as_ref().and_then(json_text),
+            finish_reason: assembled.finish_reason.clone(),
+            received_at: m.received_at,
+            first_byte_at: o.first_byte_at,
+            done_at: Some(o.done_at),
+            prompt_tokens: assembled.usage.prompt,
+            completion_tokens: assembled.usage.completion,
+            total_tokens: assembled.usage.total,
+            cached_tokens: assembled.usage.cached,
+            reasoning_tokens: assembled.usage.reasoning,
+            token_capture: assembled.tokens.capture().into(),
+            prompt_token_ids: assembled.tokens.prompt_ids,
+            completion_token_ids: assembled.tokens.completion_ids,
+            prompt_logprobs: assembled.tokens.prompt_logprobs,
+            completion_logprobs: assembled.tokens.completion_logprobs,
+            user_agent: m.user_agent.clone(),
+        }
+    }
+}
+
+/// One finished rollout, as stored in `rollouts/*.parquet`.
+pub type RolloutRow = RolloutFinish;

@@ -1,0 +1,254 @@
+//! The router: a tower `Service` that dispatches each request by path.
+//!
+//! ```text
+//! GET  /healthz                              liveness and shard lag
+//! GET  /metrics                              Prometheus text
+//! POST /v1/rollouts/<id>/finish              a rollout's outcome
+//! GET  [/rollouts/<id>]/v1/models            forwarded to the default route
+//! POST [/rollouts/<id>]/v1/chat/completions  ┐
+//! POST [/rollouts/<id>]/v1/responses         ├ proxied and recorded (`call`)
+//! POST [/rollouts/<id>]/v1/completions       ┘
+//! ```
+
+use super::body::ProxyBody;
+use super::{call, State};
+use crate::dialect::{ApiError, WireApi};
+use crate::record::RolloutFinish;
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use http::{header, HeaderMap, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+#[derive(Clone)]
+pub struct Router {
+    state: Arc<State>,
+}
+
+impl Router {
+    pub fn new(state: Arc<State>) -> Self {
+        Self { state }
+    }
+}
+
+impl tower::Service<Request<Incoming>> for Router {
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        let state = self.state.clone();
+        Box::pin(async move { Ok(route(state, req).await) })
+    }
+}
+
+/// A JSON response.
+pub fn json_response(status: u16, body: &Value) -> Response<ProxyBody> {
+    bytes_response(status, "application/json", serde_json::to_vec(body).unwrap_or_default())
+}
+
+pub fn bytes_response(status: u16, content_type: &str, body: impl Into<Bytes>) -> Response<ProxyBody> {
+    let mut r = Response::new(ProxyBody::full(body));
+    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if let Ok(v) = content_type.parse() {
+        r.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+/// An error in the given API's format.
+pub fn error_response(api: WireApi, err: &ApiError) -> Response<ProxyBody> {
+    bytes_response(err.status, "application/json", api.error_body(err))
+}
+
+/// The client's key, from `Authorization: Bearer` or `x-api-key`.
+pub fn client_key(h: &HeaderMap) -> Option<&str> {
+    h.get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .or_else(|| h.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .map(str::trim)
+}
+
+/// Rollout ids: 1–200 characters of letters, digits and `._:-@+=`.
+pub fn check_rollout_id(id: &str) -> Result<(), ApiError> {
+    let ok = !id.is_empty()
+        && id.len() <= 200
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-@+=".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            400,
+            "invalid_request_error",
+            "invalid_rollout_id",
+            format!("invalid rollout id {id:?}: use 1-200 characters of letters, digits and ._:-@+="),
+        ))
+    }
+}
+
+fn not_found(path: &str) -> ApiError {
+    ApiError::new(
+        404,
+        "invalid_request_error",
+        "unknown_url",
+        format!("rollcall does not serve {path}; endpoints are /v1/chat/completions, /v1/responses, /v1/completions and /v1/models, optionally under /rollouts/<id>"),
+    )
+}
+
+async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<ProxyBody> {
+    let path = req.uri().path().to_owned();
+    let method = req.method().clone();
+    let chat = WireApi::ChatCompletions;
+    match (&method, path.as_str()) {
+        (&Method::GET, "/healthz") => {
+            return json_response(200, &json!({"status": "ok", "shard_lag_rows": state.recorder.unpublished_rows()}));
+        }
+        (&Method::GET, "/metrics") => {
+            return bytes_response(200, "text/plain; version=0.0.4; charset=utf-8", state.metrics.render());
+        }
+        _ => {}
+    }
+    if let Some(keys) = &state.client_keys {
+        if !client_key(req.headers()).is_some_and(|k| keys.contains(k)) {
+            let err = ApiError::new(
+                401,
+                "authentication_error",
+                "invalid_api_key",
+                "missing or unknown client key: send one of the configured keys as `Authorization: Bearer <key>` or `x-api-key`",
+            );
+            return error_response(chat, &err);
+        }
+    }
+    if let Some(id) = path.strip_prefix("/v1/rollouts/").and_then(|r| r.strip_suffix("/finish")) {
+        if method != Method::POST {
+            return error_response(chat, &ApiError::new(405, "invalid_request_error", "method_not_allowed", "use POST"));
+        }
+        return finish(&state, id, req).await;
+    }
+    let (rollout, rest) = match path.strip_prefix("/rollouts/") {
+        Some(r) => match r.split_once('/') {
+            Some((id, rest)) => (Some(id.to_owned()), format!("/{rest}")),
+            None => return error_response(chat, &not_found(&path)),
+        },
+        None => (None, path.clone()),
+    };
+    if let Some(id) = &rollout {
+        if let Err(e) = check_rollout_id(id) {
+            return error_response(chat, &e);
+        }
+    }
+    let Some(endpoint) = rest.strip_prefix("/v1") else {
+        return error_response(chat, &not_found(&path));
+    };
+    if endpoint == "/models" {
+        return models(&state, req).await;
+    }
+    match WireApi::from_endpoint(endpoint) {
+        Some(api) if method == Method::POST => call::proxy(state, api, rollout, req).await,
+        Some(api) => error_response(
+            api,
+            &ApiError::new(405, "invalid_request_error", "method_not_allowed", format!("{endpoint} takes POST")),
+        ),
+        None => error_response(chat, &not_found(&path)),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FinishBody {
+    status: String,
+    reward: Option<f64>,
+    metadata: Option<Value>,
+}
+
+async fn finish(state: &State, id: &str, req: Request<Incoming>) -> Response<ProxyBody> {
+    let chat = WireApi::ChatCompletions;
+    if let Err(e) = check_rollout_id(id) {
+        return error_response(chat, &e);
+    }
+    let body = match Limited::new(req.into_body(), 1 << 20).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            let err = ApiError::new(400, "invalid_request_error", "bad_body", format!("could not read the body: {e}"));
+            return error_response(chat, &err);
+        }
+    };
+    let parsed: FinishBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            let err = ApiError::new(
+                400,
+                "invalid_request_error",
+                "invalid_finish",
+                format!("finish body must be JSON {{\"status\": string, \"reward\"?: number, \"metadata\"?: any}}: {e}"),
+            );
+            return error_response(chat, &err);
+        }
+    };
+    if parsed.reward.is_some_and(|r| !r.is_finite()) {
+        let err = ApiError::new(400, "invalid_request_error", "invalid_finish", "reward must be a finite number");
+        return error_response(chat, &err);
+    }
+    let calls = state.sequencer.count(id);
+    let fin = RolloutFinish {
+        record_id: uuid::Uuid::now_v7().to_string(),
+        rollout_id: id.to_owned(),
+        status: parsed.status,
+        reward: parsed.reward,
+        metadata: parsed.metadata.map(|m| m.to_string()),
+        finished_at: crate::now_micros(),
+        calls,
+    };
+    let record_id = fin.record_id.clone();
+    match state.recorder.finish(fin).await {
+        Ok(()) => json_response(200, &json!({"rollout_id": id, "record_id": record_id, "calls": calls})),
+        Err(e) => error_response(chat, &ApiError::new(503, "server_error", "recorder_unavailable", e.to_string())),
+    }
+}
+
+/// Forward `GET /v1/models` to the default route; if it fails, list the
+/// models named in the configuration.
+async fn models(state: &State, req: Request<Incoming>) -> Response<ProxyBody> {
+    let chat = WireApi::ChatCompletions;
+    let headers = call::upstream_headers(req.headers(), state.client_keys.is_some());
+    let upstream_err = match state.routes.default_route() {
+        Some(route) => match route.send(Method::GET, "/models", headers, Bytes::new()).await {
+            Ok(resp) if resp.status().is_success() => {
+                let ct = resp
+                    .headers()
+                    .get(header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("application/json")
+                    .to_owned();
+                match resp.bytes().await {
+                    Ok(b) => return bytes_response(200, &ct, b),
+                    Err(e) => e.to_string(),
+                }
+            }
+            Ok(resp) => format!("upstream answered {}", resp.status()),
+            Err(e) => e.to_string(),
+        },
+        None => "no default route".into(),
+    };
+    let data: Vec<Value> = state
+        .routes
+        .all()
+        .iter()
+        .flat_map(|r| r.listed_models().map(|m| json!({"id": m, "object": "model", "owned_by": r.name})).collect::<Vec<_>>())
+        .collect();
+    if data.is_empty() {
+        let err = ApiError::new(502, "server_error", "upstream_unavailable", format!("could not list models: {upstream_err}"));
+        return error_response(chat, &err);
+    }
+    json_response(200, &json!({"object": "list", "data": data}))
+}

@@ -1,0 +1,211 @@
+//! Upstream routes: which model server a call goes to, and the client that
+//! takes it there. Connection errors are retried; nothing else is (a model
+//! call is not idempotent once the server has seen it).
+
+pub mod scripted;
+
+use crate::config::{Config, ConfigError, RouteConfig};
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Why an upstream call failed before a response arrived.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// could not connect to the upstream: {0}
+    #[error("could not connect to the upstream: {0}")]
+    Connect(String),
+    /// the upstream did not answer within {0:?}
+    #[error("the upstream did not answer within {0:?}")]
+    Timeout(Duration),
+    /// the upstream request failed: {0}
+    #[error("the upstream request failed: {0}")]
+    Request(String),
+}
+
+/// One named upstream.
+pub struct Route {
+    pub name: String,
+    base_url: String,
+    api_key: Option<String>,
+    patterns: Vec<String>,
+    model_map: BTreeMap<String, String>,
+    client: reqwest::Client,
+    connect_retries: u32,
+    pub response_timeout: Duration,
+    pub idle_timeout: Duration,
+}
+
+impl Route {
+    fn new(c: &RouteConfig) -> Result<Self, ConfigError> {
+        let api_key = match &c.api_key_env {
+            Some(var) => Some(std::env::var(var).map_err(|_| {
+                ConfigError::Invalid(format!("route {:?}: environment variable {var} is not set", c.name))
+            })?),
+            None => None,
+        };
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_millis(c.connect_timeout_ms))
+            .pool_max_idle_per_host(c.pool_max_idle)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .tcp_nodelay(true)
+            .no_proxy()
+            .build()
+            .map_err(|e| ConfigError::Invalid(format!("route {:?}: {e}", c.name)))?;
+        Ok(Self {
+            name: c.name.clone(),
+            base_url: c.url.trim_end_matches('/').to_owned(),
+            api_key,
+            patterns: c.models.clone(),
+            model_map: c.model_map.clone(),
+            client,
+            connect_retries: c.connect_retries,
+            response_timeout: Duration::from_secs_f64(c.response_timeout_secs),
+            idle_timeout: Duration::from_secs_f64(c.idle_timeout_secs),
+        })
+    }
+
+    fn serves(&self, model: &str) -> bool {
+        self.model_map.contains_key(model)
+            || self.patterns.iter().any(|p| match p.strip_suffix('*') {
+                Some(prefix) => model.starts_with(prefix),
+                None => p == model,
+            })
+    }
+
+    /// The model name to send upstream.
+    pub fn upstream_model<'a>(&'a self, model: &'a str) -> &'a str {
+        self.model_map.get(model).map_or(model, String::as_str)
+    }
+
+    /// Model names this route lists explicitly (for `GET /v1/models`).
+    pub fn listed_models(&self) -> impl Iterator<Item = &str> {
+        self.patterns
+            .iter()
+            .filter(|p| !p.ends_with('*'))
+            .map(String::as_str)
+            .chain(self.model_map.keys().map(String::as_str))
+    }
+
+    pub fn has_key(&self) -> bool {
+        self.api_key.is_some()
+    }
+
+    /// Send a request to `base_url + endpoint`, retrying connection errors,
+    /// and wait (at most `response_timeout`) for the response head.
+    pub async fn send(
+        &self,
+        method: Method,
+        endpoint: &str,
+        mut headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<reqwest::Response, UpstreamError> {
+        if let Some(key) = &self.api_key {
+            headers.remove(http::header::AUTHORIZATION);
+            headers.remove("x-api-key");
+            if let Ok(v) = HeaderValue::from_str(&format!("Bearer {key}")) {
+                headers.insert(http::header::AUTHORIZATION, v);
+            }
+        }
+        let url = format!("{}{endpoint}", self.base_url);
+        let mut attempt = 0;
+        loop {
+            let req = self
+                .client
+                .request(method.clone(), &url)
+                .headers(headers.clone())
+                .body(body.clone());
+            match tokio::time::timeout(self.response_timeout, req.send()).await {
+                Err(_) => return Err(UpstreamError::Timeout(self.response_timeout)),
+                Ok(Ok(resp)) => return Ok(resp),
+                Ok(Err(e)) if e.is_connect() && attempt < self.connect_retries => {
+                    attempt += 1;
+                    tracing::debug!(route = %self.name, attempt, error = %e, "retrying upstream connect");
+                    tokio::time::sleep(Duration::from_millis(50 << attempt.min(6))).await;
+                }
+                Ok(Err(e)) if e.is_connect() => return Err(UpstreamError::Connect(error_chain(&e))),
+                Ok(Err(e)) if e.is_timeout() => return Err(UpstreamError::Timeout(self.response_timeout)),
+                Ok(Err(e)) => return Err(UpstreamError::Request(error_chain(&e))),
+            }
+        }
+    }
+}
+
+/// An error and its sources on one line.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// All routes, and the default one.
+pub struct RouteTable {
+    routes: Vec<Arc<Route>>,
+    default: Option<Arc<Route>>,
+}
+
+impl RouteTable {
+    pub fn from_config(cfg: &Config) -> Result<Self, ConfigError> {
+        let routes: Vec<Arc<Route>> = cfg
+            .routes
+            .iter()
+            .map(|r| Route::new(r).map(Arc::new))
+            .collect::<Result<_, _>>()?;
+        let default = cfg
+            .default_route_name()
+            .and_then(|d| routes.iter().find(|r| r.name == d).cloned());
+        Ok(Self { routes, default })
+    }
+
+    /// The route serving `model`, else the default route.
+    pub fn select(&self, model: Option<&str>) -> Option<&Arc<Route>> {
+        model
+            .and_then(|m| self.routes.iter().find(|r| r.serves(m)))
+            .or(self.default.as_ref())
+    }
+
+    pub fn default_route(&self) -> Option<&Arc<Route>> {
+        self.default.as_ref()
+    }
+
+    pub fn all(&self) -> &[Arc<Route>] {
+        &self.routes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selects_by_model_then_default() {
+        let cfg = Config::parse(
+            r#"
+default_route = "b"
+[[routes]]
+name = "a"
+url = "http://127.0.0.1:1/v1"
+models = ["qwen*", "exact"]
+model_map = { "gpt-4o" = "qwen-7b" }
+[[routes]]
+name = "b"
+url = "http://127.0.0.1:2/v1"
+"#,
+        )
+        .unwrap();
+        let t = RouteTable::from_config(&cfg).unwrap();
+        assert_eq!(t.select(Some("qwen-3")).unwrap().name, "a");
+        assert_eq!(t.select(Some("exact")).unwrap().name, "a");
+        assert_eq!(t.select(Some("gpt-4o")).unwrap().name, "a");
+        assert_eq!(t.select(Some("gpt-4o")).unwrap().upstream_model("gpt-4o"), "qwen-7b");
+        assert_eq!(t.select(Some("other")).unwrap().name, "b");
+        assert_eq!(t.select(None).unwrap().name, "b");
+    }
+}
