@@ -7,7 +7,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "rollcall", version, about = "OpenAI-compatible recording proxy for agent harnesses")]
+#[command(
+    name = "rollcall",
+    version,
+    about = "OpenAI-compatible recording proxy for agent harnesses"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -44,7 +48,9 @@ enum Command {
 fn init_logs(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ROLLCALL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if format == "json" {
         builder.json().init();
     } else {
@@ -67,8 +73,10 @@ async fn shutdown_signal() {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logs(&cli.log_format);
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: could not start the runtime: {e}");

@@ -82,7 +82,6 @@ general_settings:
   disable_adding_master_key_hash_to_db: true
   store_model_in_db: false
   background_health_checks: false
-  allow_requests_on_db_unavailable: true
 EOF
 
 # No database, no telemetry, no network fetches at startup or later.

@@ -45,7 +45,13 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
             continue;
         }
         seen = true;
-        for key in ["id", "created", "model", "system_fingerprint", "service_tier"] {
+        for key in [
+            "id",
+            "created",
+            "model",
+            "system_fingerprint",
+            "service_tier",
+        ] {
             if let Some(v) = chunk.get(key) {
                 if !v.is_null() {
                     head.insert(key.into(), v.clone());
@@ -61,7 +67,12 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
         if let Some(u) = chunk.get("usage").filter(|u| !u.is_null()) {
             usage = Some(u.clone());
         }
-        for c in chunk.get("choices").and_then(Value::as_array).into_iter().flatten() {
+        for c in chunk
+            .get("choices")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             let idx = c.get("index").and_then(Value::as_u64).unwrap_or(0);
             let acc = choices.entry(idx).or_default();
             if let Some(d) = c.get("delta") {
@@ -72,7 +83,12 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
                 push_str(&mut acc.reasoning, d.get("reasoning_content"));
                 push_str(&mut acc.reasoning, d.get("reasoning"));
                 push_str(&mut acc.refusal, d.get("refusal"));
-                for tc in d.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+                for tc in d
+                    .get("tool_calls")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
                     let ti = tc.get("index").and_then(Value::as_u64).unwrap_or(0);
                     let t = acc.tool_calls.entry(ti).or_default();
                     if let Some(id) = tc.get("id").and_then(Value::as_str) {
@@ -98,12 +114,17 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
                 acc.logprobs.extend(lp.iter().cloned());
             }
             if let Some(t) = c.get("token_ids").and_then(Value::as_array) {
-                acc.token_ids.get_or_insert_with(Vec::new).extend(t.iter().cloned());
+                acc.token_ids
+                    .get_or_insert_with(Vec::new)
+                    .extend(t.iter().cloned());
             }
         }
     }
     if !seen {
-        return StreamOutcome { response: None, error };
+        return StreamOutcome {
+            response: None,
+            error,
+        };
     }
     let mut obj = head;
     obj.insert("object".into(), json!("chat.completion"));
@@ -184,8 +205,13 @@ fn tokens(resp: &Value, choice: Option<&Value>) -> Tokens {
     let logprobs = choice
         .and_then(|c| c.pointer("/logprobs/content"))
         .and_then(Value::as_array)
-        .map(|lp| lp.iter().map(|t| t.get("logprob").and_then(Value::as_f64).unwrap_or(f64::NAN)).collect());
-    let prompt_ids = ids(resp.get("prompt_token_ids")).or_else(|| ids(choice.and_then(|c| c.get("prompt_token_ids"))));
+        .map(|lp| {
+            lp.iter()
+                .map(|t| t.get("logprob").and_then(Value::as_f64).unwrap_or(f64::NAN))
+                .collect()
+        });
+    let prompt_ids = ids(resp.get("prompt_token_ids"))
+        .or_else(|| ids(choice.and_then(|c| c.get("prompt_token_ids"))));
     let completion_ids = ids(choice.and_then(|c| c.get("token_ids")));
     Tokens {
         prompt_ids,
@@ -198,7 +224,6 @@ fn tokens(resp: &Value, choice: Option<&Value>) -> Tokens {
 #[cfg(test)]
 mod tests {
     use super::super::sse::parse_all;
-    use super::*;
 
     #[test]
     fn assembles_content_and_tool_call_deltas() {
@@ -213,7 +238,10 @@ mod tests {
         let a = crate::dialect::WireApi::ChatCompletions.assemble(stream.as_bytes(), true);
         let msg = a.message.unwrap();
         assert_eq!(msg["content"], "Hello");
-        assert_eq!(msg["tool_calls"][0]["function"]["arguments"], "{\"cmd\":\"ls\"}");
+        assert_eq!(
+            msg["tool_calls"][0]["function"]["arguments"],
+            "{\"cmd\":\"ls\"}"
+        );
         assert_eq!(a.finish_reason.as_deref(), Some("tool_calls"));
         assert_eq!(a.usage.total, Some(8));
         assert_eq!(parse_all(stream.as_bytes()).len(), 6);

@@ -25,7 +25,13 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
             continue;
         }
         seen = true;
-        for key in ["id", "created", "model", "system_fingerprint", "prompt_token_ids"] {
+        for key in [
+            "id",
+            "created",
+            "model",
+            "system_fingerprint",
+            "prompt_token_ids",
+        ] {
             if let Some(v) = chunk.get(key).filter(|v| !v.is_null()) {
                 head.insert(key.into(), v.clone());
             }
@@ -39,18 +45,36 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
                 finish = f.clone();
             }
             if let Some(lp) = c.get("logprobs") {
-                lp_tokens.extend(lp.get("tokens").and_then(Value::as_array).into_iter().flatten().cloned());
-                lp_values.extend(lp.get("token_logprobs").and_then(Value::as_array).into_iter().flatten().cloned());
+                lp_tokens.extend(
+                    lp.get("tokens")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                        .cloned(),
+                );
+                lp_values.extend(
+                    lp.get("token_logprobs")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                        .cloned(),
+                );
             }
             if let Some(t) = c.get("token_ids").and_then(Value::as_array) {
-                token_ids.get_or_insert_with(Vec::new).extend(t.iter().cloned());
+                token_ids
+                    .get_or_insert_with(Vec::new)
+                    .extend(t.iter().cloned());
             }
         }
     }
     if !seen {
-        return StreamOutcome { response: None, error };
+        return StreamOutcome {
+            response: None,
+            error,
+        };
     }
-    let mut choice = json!({"index": 0, "text": text, "finish_reason": finish, "logprobs": Value::Null});
+    let mut choice =
+        json!({"index": 0, "text": text, "finish_reason": finish, "logprobs": Value::Null});
     if !lp_values.is_empty() {
         choice["logprobs"] = json!({"tokens": lp_tokens, "token_logprobs": lp_values});
     }
@@ -69,7 +93,10 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
 
 pub fn extract(resp: &Value, out: &mut Assembled) {
     let choice = resp.pointer("/choices/0");
-    let text = choice.and_then(|c| c.get("text")).cloned().unwrap_or(Value::Null);
+    let text = choice
+        .and_then(|c| c.get("text"))
+        .cloned()
+        .unwrap_or(Value::Null);
     out.message = Some(json!({"role": "assistant", "content": text}));
     out.finish_reason = choice
         .and_then(|c| c.get("finish_reason"))
@@ -77,7 +104,8 @@ pub fn extract(resp: &Value, out: &mut Assembled) {
         .map(str::to_owned);
     out.usage = chat::usage(resp.get("usage").unwrap_or(&Value::Null));
     out.tokens = Tokens {
-        prompt_ids: ids(resp.get("prompt_token_ids")).or_else(|| ids(choice.and_then(|c| c.get("prompt_token_ids")))),
+        prompt_ids: ids(resp.get("prompt_token_ids"))
+            .or_else(|| ids(choice.and_then(|c| c.get("prompt_token_ids")))),
         completion_ids: ids(choice.and_then(|c| c.get("token_ids"))),
         prompt_logprobs: None,
         completion_logprobs: choice

@@ -149,7 +149,12 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(status: u16, kind: &'static str, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(
+        status: u16,
+        kind: &'static str,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
         Self {
             status,
             kind,

@@ -36,13 +36,19 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
                 base = data.get("response").cloned().or(base);
             }
             "response.output_item.done" => {
-                let idx = data.get("output_index").and_then(Value::as_u64).unwrap_or(done_items.len() as u64);
+                let idx = data
+                    .get("output_index")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(done_items.len() as u64);
                 if let Some(item) = data.get("item") {
                     done_items.insert(idx, item.clone());
                 }
             }
             "response.output_text.delta" => {
-                let idx = data.get("output_index").and_then(Value::as_u64).unwrap_or(0);
+                let idx = data
+                    .get("output_index")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0);
                 if let Some(d) = data.get("delta").and_then(Value::as_str) {
                     partial_text.entry(idx).or_default().push_str(d);
                 }
@@ -53,7 +59,12 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
     }
     let mut resp = match base {
         Some(b) => b,
-        None if done_items.is_empty() && partial_text.is_empty() => return StreamOutcome { response: None, error },
+        None if done_items.is_empty() && partial_text.is_empty() => {
+            return StreamOutcome {
+                response: None,
+                error,
+            }
+        }
         None => json!({"object": "response"}),
     };
     for (idx, text) in partial_text {
@@ -75,10 +86,20 @@ pub fn extract(resp: &Value, out: &mut Assembled) {
     let mut content: Option<String> = None;
     let mut reasoning: Option<String> = None;
     let mut calls = Vec::new();
-    for item in resp.get("output").and_then(Value::as_array).into_iter().flatten() {
+    for item in resp
+        .get("output")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         match item.get("type").and_then(Value::as_str) {
             Some("message") => {
-                for part in item.get("content").and_then(Value::as_array).into_iter().flatten() {
+                for part in item
+                    .get("content")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
                     if let Some(t) = part.get("text").and_then(Value::as_str) {
                         content.get_or_insert_with(String::new).push_str(t);
                     }
@@ -86,7 +107,12 @@ pub fn extract(resp: &Value, out: &mut Assembled) {
             }
             Some("reasoning") => {
                 for key in ["content", "summary"] {
-                    for part in item.get(key).and_then(Value::as_array).into_iter().flatten() {
+                    for part in item
+                        .get(key)
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                    {
                         if let Some(t) = part.get("text").and_then(Value::as_str) {
                             reasoning.get_or_insert_with(String::new).push_str(t);
                         }
@@ -114,7 +140,10 @@ pub fn extract(resp: &Value, out: &mut Assembled) {
     out.message = Some(Value::Object(msg));
     out.finish_reason = Some(
         match resp.get("status").and_then(Value::as_str) {
-            Some("incomplete") => match resp.pointer("/incomplete_details/reason").and_then(Value::as_str) {
+            Some("incomplete") => match resp
+                .pointer("/incomplete_details/reason")
+                .and_then(Value::as_str)
+            {
                 Some("max_output_tokens") => "length",
                 Some("content_filter") => "content_filter",
                 _ => "incomplete",
@@ -141,9 +170,12 @@ pub(crate) fn usage(u: &Value) -> Usage {
 /// Text of a content value: a string, or the `text` of its parts joined.
 fn text_of(content: &Value) -> Value {
     match content {
-        Value::Array(parts) if parts.iter().all(|p| p.get("text").is_some()) => {
-            Value::String(parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect())
-        }
+        Value::Array(parts) if parts.iter().all(|p| p.get("text").is_some()) => Value::String(
+            parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect(),
+        ),
         other => other.clone(),
     }
 }
@@ -159,7 +191,10 @@ pub fn normalize_request(req: &Value) -> Normalized {
         Some(Value::String(s)) => msgs.push(json!({"role": "user", "content": s})),
         Some(Value::Array(items)) => {
             for item in items {
-                let kind = item.get("type").and_then(Value::as_str).unwrap_or("message");
+                let kind = item
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("message");
                 match kind {
                     "message" => {
                         let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
@@ -181,7 +216,9 @@ pub fn normalize_request(req: &Value) -> Normalized {
                             m["role"] == "assistant" && m.get("tool_calls").is_some()
                         });
                         if extend_last {
-                            if let Some(Value::Array(tc)) = msgs.last_mut().and_then(|m| m.get_mut("tool_calls")) {
+                            if let Some(Value::Array(tc)) =
+                                msgs.last_mut().and_then(|m| m.get_mut("tool_calls"))
+                            {
                                 tc.push(call);
                             }
                         } else if msgs.last().is_some_and(|m| m["role"] == "assistant") {
@@ -189,7 +226,8 @@ pub fn normalize_request(req: &Value) -> Normalized {
                                 m["tool_calls"] = json!([call]);
                             }
                         } else {
-                            let mut m = json!({"role": "assistant", "content": null, "tool_calls": [call]});
+                            let mut m =
+                                json!({"role": "assistant", "content": null, "tool_calls": [call]});
                             if let Some(r) = pending_reasoning.take() {
                                 m["reasoning_content"] = json!(r);
                             }
@@ -204,7 +242,12 @@ pub fn normalize_request(req: &Value) -> Normalized {
                     "reasoning" => {
                         let mut text = String::new();
                         for key in ["content", "summary"] {
-                            for p in item.get(key).and_then(Value::as_array).into_iter().flatten() {
+                            for p in item
+                                .get(key)
+                                .and_then(Value::as_array)
+                                .into_iter()
+                                .flatten()
+                            {
                                 text.push_str(p.get("text").and_then(Value::as_str).unwrap_or(""));
                             }
                         }
@@ -221,7 +264,9 @@ pub fn normalize_request(req: &Value) -> Normalized {
             tools
                 .iter()
                 .map(|t| {
-                    if t.get("type").and_then(Value::as_str) == Some("function") && t.get("function").is_none() {
+                    if t.get("type").and_then(Value::as_str) == Some("function")
+                        && t.get("function").is_none()
+                    {
                         let mut f = Map::new();
                         for key in ["name", "description", "parameters", "strict"] {
                             if let Some(v) = t.get(key) {

@@ -94,7 +94,8 @@ mod tests {
 
     #[test]
     fn parses_events_across_any_split() {
-        let text = b"event: a\r\ndata: {\"x\":1}\r\n\r\n: comment\ndata: l1\ndata: l2\n\ndata: [DONE]\n\n";
+        let text =
+            b"event: a\r\ndata: {\"x\":1}\r\n\r\n: comment\ndata: l1\ndata: l2\n\ndata: [DONE]\n\n";
         let whole = parse_all(text);
         assert_eq!(whole.len(), 3);
         assert_eq!(whole[0].event.as_deref(), Some("a"));

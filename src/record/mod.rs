@@ -235,24 +235,49 @@ pub struct Recorder {
 impl Recorder {
     /// Replay what an earlier run left in the WAL, then start the WAL and
     /// shard threads.
-    pub fn start(cfg: &crate::config::ShardConfig) -> Result<(Recorder, RecorderTask, replay::Recovered), RecordError> {
+    pub fn start(
+        cfg: &crate::config::ShardConfig,
+    ) -> Result<(Recorder, RecorderTask, replay::Recovered), RecordError> {
         let recovered = replay::recover(cfg)?;
         let stats = Arc::new(RecorderStats::default());
         let (tx, rx) = mpsc::channel(cfg.queue_capacity);
-        let thread = wal::spawn(cfg.clone(), recovered.next_segment, rx, tx.clone(), stats.clone())?;
-        Ok((Recorder { tx: tx.clone(), stats }, RecorderTask { tx, thread: Some(thread) }, recovered))
+        let thread = wal::spawn(
+            cfg.clone(),
+            recovered.next_segment,
+            rx,
+            tx.clone(),
+            stats.clone(),
+        )?;
+        Ok((
+            Recorder {
+                tx: tx.clone(),
+                stats,
+            },
+            RecorderTask {
+                tx,
+                thread: Some(thread),
+            },
+            recovered,
+        ))
     }
 
     /// Log a call's start. Waits only for queue space.
     pub async fn begin(&self, begin: Arc<CallBegin>) -> Result<(), RecordError> {
-        self.tx.send(WalMsg::Begin(begin)).await.map_err(|_| RecordError::Closed)
+        self.tx
+            .send(WalMsg::Begin(begin))
+            .await
+            .map_err(|_| RecordError::Closed)
     }
 
     /// Log a call's end and wait until it is in the WAL.
     pub async fn end(&self, outcome: CallOutcome, response: Bytes) -> Result<(), RecordError> {
         let (ack, done) = oneshot::channel();
         self.tx
-            .send(WalMsg::End { outcome, response, ack })
+            .send(WalMsg::End {
+                outcome,
+                response,
+                ack,
+            })
             .await
             .map_err(|_| RecordError::Closed)?;
         done.await.map_err(|_| RecordError::Closed)?

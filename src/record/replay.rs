@@ -10,7 +10,9 @@
 use super::row::CallRow;
 use super::shard::{list_shards, write_now};
 use super::wal::{list_segments, read_segment, segment_path};
-use super::{CallBegin, CallOutcome, CallStatus, CompletedCall, FailureClass, RecordError, RolloutFinish};
+use super::{
+    CallBegin, CallOutcome, CallStatus, CompletedCall, FailureClass, RecordError, RolloutFinish,
+};
 use crate::config::ShardConfig;
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::Int64Type;
@@ -42,7 +44,8 @@ fn scan_shards(
     id_col: &str,
     mut each: impl FnMut(&str, Option<(&str, i64)>),
 ) -> Result<(), RecordError> {
-    let err = |e: &dyn std::fmt::Display, p: &Path| RecordError::Shard(format!("{}: {e}", p.display()));
+    let err =
+        |e: &dyn std::fmt::Display, p: &Path| RecordError::Shard(format!("{}: {e}", p.display()));
     for path in list_shards(dir, kind).map_err(|e| RecordError::Shard(e.to_string()))? {
         let file = std::fs::File::open(&path).map_err(|e| err(&e, &path))?;
         let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| err(&e, &path))?;
@@ -54,14 +57,24 @@ fn scan_shards(
             })
             .collect();
         let mask = ProjectionMask::leaves(schema, want);
-        let reader = builder.with_projection(mask).build().map_err(|e| err(&e, &path))?;
+        let reader = builder
+            .with_projection(mask)
+            .build()
+            .map_err(|e| err(&e, &path))?;
         for batch in reader {
             let batch = batch.map_err(|e| err(&e, &path))?;
-            let Some(ids) = batch.column_by_name(id_col).map(|c| c.as_string::<i32>().clone()) else {
+            let Some(ids) = batch
+                .column_by_name(id_col)
+                .map(|c| c.as_string::<i32>().clone())
+            else {
                 continue;
             };
-            let rollouts = batch.column_by_name("rollout_id").map(|c| c.as_string::<i32>().clone());
-            let seqs = batch.column_by_name("sequence").map(|c| c.as_primitive::<Int64Type>().clone());
+            let rollouts = batch
+                .column_by_name("rollout_id")
+                .map(|c| c.as_string::<i32>().clone());
+            let seqs = batch
+                .column_by_name("sequence")
+                .map(|c| c.as_primitive::<Int64Type>().clone());
             for i in 0..ids.len() {
                 let extra = match (&rollouts, &seqs) {
                     (Some(r), Some(s)) if !r.is_null(i) => Some((r.value(i), s.value(i))),

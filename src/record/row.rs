@@ -91,10 +91,15 @@ impl CallRow {
                 .upstream_request
                 .as_ref()
                 .map(|b| String::from_utf8_lossy(b).into_owned()),
-            response: assembled.response.as_ref().map(Value::to_string).or_else(|| {
-                // An error body (not assembled) is still the response the harness saw.
-                (!c.response.is_empty() && !m.stream).then(|| String::from_utf8_lossy(&c.response).into_owned())
-            }),
+            response: assembled
+                .response
+                .as_ref()
+                .map(Value::to_string)
+                .or_else(|| {
+                    // An error body (not assembled) is still the response the harness saw.
+                    (!c.response.is_empty() && !m.stream)
+                        .then(|| String::from_utf8_lossy(&c.response).into_owned())
+                }),
             response_raw: (!c.response.is_empty()).then(|| c.response.to_vec()),
             messages: normalized.as_ref().and_then(|n| json_text(&n.messages)),
             tools: normalized

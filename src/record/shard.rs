@@ -8,8 +8,8 @@ use super::wal::sync_dir;
 use super::{CompletedCall, RecorderStats, RolloutFinish, WalMsg, SCHEMA_VERSION};
 use crate::config::ShardConfig;
 use arrow::array::{
-    ArrayRef, BinaryArray, BooleanArray, Float64Array, Int32Array, Int64Array, ListArray, RecordBatch,
-    StringArray, TimestampMicrosecondArray,
+    ArrayRef, BinaryArray, BooleanArray, Float64Array, Int32Array, Int64Array, ListArray,
+    RecordBatch, StringArray, TimestampMicrosecondArray,
 };
 use arrow::datatypes::{DataType, Field, Float64Type, Int32Type, Schema, SchemaRef, TimeUnit};
 use parquet::arrow::ArrowWriter;
@@ -82,7 +82,10 @@ impl ShardRow for CallRow {
         S.get_or_init(|| {
             let f = |n: &str, t: DataType, null: bool| Field::new(n, t, null);
             let meta = [
-                ("rollcall.schema_version".to_string(), SCHEMA_VERSION.to_string()),
+                (
+                    "rollcall.schema_version".to_string(),
+                    SCHEMA_VERSION.to_string(),
+                ),
                 ("rollcall.kind".to_string(), "calls".to_string()),
             ];
             Arc::new(Schema::new_with_metadata(
@@ -124,7 +127,8 @@ impl ShardRow for CallRow {
                     f("completion_logprobs", list_of(DataType::Float64), true),
                     f("user_agent", DataType::Utf8, true),
                 ],
-                meta.into_iter().collect::<std::collections::HashMap<String, String>>(),
+                meta.into_iter()
+                    .collect::<std::collections::HashMap<String, String>>(),
             ))
         })
         .clone()
@@ -133,12 +137,14 @@ impl ShardRow for CallRow {
     fn batch(rows: &[Self]) -> RecordBatch {
         let ids = |get: fn(&CallRow) -> Option<&Vec<i32>>| -> ArrayRef {
             Arc::new(ListArray::from_iter_primitive::<Int32Type, _, _>(
-                rows.iter().map(|r| get(r).map(|v| v.iter().map(|x| Some(*x)))),
+                rows.iter()
+                    .map(|r| get(r).map(|v| v.iter().map(|x| Some(*x)))),
             ))
         };
         let fl = |get: fn(&CallRow) -> Option<&Vec<f64>>| -> ArrayRef {
             Arc::new(ListArray::from_iter_primitive::<Float64Type, _, _>(
-                rows.iter().map(|r| get(r).map(|v| v.iter().map(|x| Some(*x)))),
+                rows.iter()
+                    .map(|r| get(r).map(|v| v.iter().map(|x| Some(*x)))),
             ))
         };
         let cols: Vec<ArrayRef> = vec![
@@ -158,7 +164,9 @@ impl ShardRow for CallRow {
             strs(rows.iter().map(|r| Some(r.request.as_str()))),
             strs(rows.iter().map(|r| r.upstream_request.as_deref())),
             strs(rows.iter().map(|r| r.response.as_deref())),
-            Arc::new(BinaryArray::from_iter(rows.iter().map(|r| r.response_raw.as_deref()))),
+            Arc::new(BinaryArray::from_iter(
+                rows.iter().map(|r| r.response_raw.as_deref()),
+            )),
             strs(rows.iter().map(|r| r.messages.as_deref())),
             strs(rows.iter().map(|r| r.tools.as_deref())),
             strs(rows.iter().map(|r| r.response_message.as_deref())),
@@ -203,7 +211,10 @@ impl ShardRow for RolloutRow {
         static S: OnceLock<SchemaRef> = OnceLock::new();
         S.get_or_init(|| {
             let meta = [
-                ("rollcall.schema_version".to_string(), SCHEMA_VERSION.to_string()),
+                (
+                    "rollcall.schema_version".to_string(),
+                    SCHEMA_VERSION.to_string(),
+                ),
                 ("rollcall.kind".to_string(), "rollouts".to_string()),
             ];
             Arc::new(Schema::new_with_metadata(
@@ -217,7 +228,8 @@ impl ShardRow for RolloutRow {
                     Field::new("finished_at", ts(), false),
                     Field::new("calls", DataType::Int64, false),
                 ],
-                meta.into_iter().collect::<std::collections::HashMap<String, String>>(),
+                meta.into_iter()
+                    .collect::<std::collections::HashMap<String, String>>(),
             ))
         })
         .clone()
@@ -253,6 +265,9 @@ struct OpenFile {
     name: String,
     opened: Instant,
 }
+
+/// A published file: its path, row count, and rows per WAL segment.
+pub type Published = (PathBuf, usize, Vec<(u64, u64)>);
 
 /// One rotating shard series (`calls` or `rollouts`).
 pub struct ShardWriter<R: ShardRow> {
@@ -365,7 +380,7 @@ impl<R: ShardRow> ShardWriter<R> {
 
     /// Close, fsync and rename the open file into place. Returns the file's
     /// path, its row count and the WAL segments its rows came from.
-    pub fn publish(&mut self) -> parquet::errors::Result<Option<(PathBuf, usize, Vec<(u64, u64)>)>> {
+    pub fn publish(&mut self) -> parquet::errors::Result<Option<Published>> {
         self.write_buffer()?;
         let Some(f) = self.open.take() else {
             return Ok(None);
@@ -418,9 +433,13 @@ fn publish_one<R: ShardRow>(
     match w.publish() {
         Ok(Some((path, rows, segments))) => {
             tracing::debug!(path = %path.display(), rows, "published shard");
-            stats.rows_published.fetch_add(rows as u64, Ordering::Relaxed);
+            stats
+                .rows_published
+                .fetch_add(rows as u64, Ordering::Relaxed);
             stats.shards_published.fetch_add(1, Ordering::Relaxed);
-            stats.unpublished_rows.fetch_sub(rows as i64, Ordering::Relaxed);
+            stats
+                .unpublished_rows
+                .fetch_sub(rows as i64, Ordering::Relaxed);
             let _ = published.send(segments);
         }
         Ok(None) => {}
@@ -461,14 +480,25 @@ pub(crate) fn run(
 ) {
     use std::sync::mpsc::RecvTimeoutError;
     loop {
-        let deadline = [set.calls.deadline(), set.rollouts.deadline()].into_iter().flatten().min();
-        let wait = deadline.map_or(Duration::from_secs(3600), |d| d.saturating_duration_since(Instant::now()));
+        let deadline = [set.calls.deadline(), set.rollouts.deadline()]
+            .into_iter()
+            .flatten()
+            .min();
+        let wait = deadline.map_or(Duration::from_secs(3600), |d| {
+            d.saturating_duration_since(Instant::now())
+        });
         let before = stats.shards_published.load(Ordering::Relaxed);
         match rx.recv_timeout(wait) {
-            Ok(ShardItem::Call { segment, call }) => {
-                push_one(&mut set.calls, CallRow::build(&call), segment, &published, &stats)
+            Ok(ShardItem::Call { segment, call }) => push_one(
+                &mut set.calls,
+                CallRow::build(&call),
+                segment,
+                &published,
+                &stats,
+            ),
+            Ok(ShardItem::Rollout { segment, finish }) => {
+                push_one(&mut set.rollouts, finish, segment, &published, &stats)
             }
-            Ok(ShardItem::Rollout { segment, finish }) => push_one(&mut set.rollouts, finish, segment, &published, &stats),
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => {
                 publish_one(&mut set.calls, &published, &stats);
@@ -490,7 +520,10 @@ pub(crate) fn run(
 }
 
 /// Write rows straight to one published shard (used by replay).
-pub fn write_now<R: ShardRow>(cfg: &ShardConfig, rows: Vec<R>) -> parquet::errors::Result<Option<PathBuf>> {
+pub fn write_now<R: ShardRow>(
+    cfg: &ShardConfig,
+    rows: Vec<R>,
+) -> parquet::errors::Result<Option<PathBuf>> {
     if rows.is_empty() {
         return Ok(None);
     }

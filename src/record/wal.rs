@@ -10,8 +10,10 @@
 //! segment is deleted once every call begun in it, and in every segment
 //! before it, is in a published shard.
 
-use super::shard::{ShardSet, ShardItem};
-use super::{CallBegin, CallMeta, CompletedCall, RecordError, RecorderStats, RolloutFinish, WalMsg};
+use super::shard::{ShardItem, ShardSet};
+use super::{
+    CallBegin, CallMeta, CompletedCall, RecordError, RecorderStats, RolloutFinish, WalMsg,
+};
 use crate::config::ShardConfig;
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap};
@@ -76,7 +78,9 @@ pub fn decode_all(data: &[u8]) -> (Vec<Frame>, bool) {
         if rest.len() < FIXED || &rest[..4] != MAGIC {
             return (out, false);
         }
-        let u32_at = |i: usize| u32::from_le_bytes([rest[i], rest[i + 1], rest[i + 2], rest[i + 3]]) as usize;
+        let u32_at = |i: usize| {
+            u32::from_le_bytes([rest[i], rest[i + 1], rest[i + 2], rest[i + 3]]) as usize
+        };
         let (h, a, b) = (u32_at(5), u32_at(9), u32_at(13));
         let want = u32_at(17) as u32;
         let total = FIXED + h + a + b;
@@ -120,7 +124,10 @@ pub fn list_segments(dir: &Path) -> std::io::Result<Vec<u64>> {
     for e in std::fs::read_dir(dir)? {
         let name = e?.file_name();
         let name = name.to_string_lossy();
-        if let Some(n) = name.strip_prefix("wal-").and_then(|s| s.strip_suffix(".log")) {
+        if let Some(n) = name
+            .strip_prefix("wal-")
+            .and_then(|s| s.strip_suffix(".log"))
+        {
             if let Ok(n) = n.parse() {
                 out.push(n);
             }
@@ -145,7 +152,10 @@ struct Writer {
 
 impl Writer {
     fn open_segment(dir: &Path, n: u64) -> std::io::Result<File> {
-        let f = OpenOptions::new().create(true).append(true).open(segment_path(dir, n))?;
+        let f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(segment_path(dir, n))?;
         sync_dir(dir);
         Ok(f)
     }
@@ -190,8 +200,10 @@ pub(crate) fn spawn(
     stats: Arc<RecorderStats>,
 ) -> Result<std::thread::JoinHandle<()>, RecordError> {
     let dir = cfg.dir.join("wal");
-    std::fs::create_dir_all(&dir).map_err(|e| RecordError::Wal(format!("{}: {e}", dir.display())))?;
-    let file = Writer::open_segment(&dir, first_segment).map_err(|e| RecordError::Wal(e.to_string()))?;
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| RecordError::Wal(format!("{}: {e}", dir.display())))?;
+    let file =
+        Writer::open_segment(&dir, first_segment).map_err(|e| RecordError::Wal(e.to_string()))?;
     let shards = ShardSet::open(&cfg).map_err(|e| RecordError::Shard(e.to_string()))?;
     let (shard_tx, shard_rx) = std::sync::mpsc::sync_channel::<ShardItem>(cfg.queue_capacity);
     let (published_tx, published_rx) = std::sync::mpsc::channel::<Vec<(u64, u64)>>();
@@ -199,7 +211,9 @@ pub(crate) fn spawn(
     let shard_cfg = cfg.clone();
     let shard_thread = std::thread::Builder::new()
         .name("rollcall-shards".into())
-        .spawn(move || super::shard::run(shard_cfg, shards, shard_rx, published_tx, wake, shard_stats))
+        .spawn(move || {
+            super::shard::run(shard_cfg, shards, shard_rx, published_tx, wake, shard_stats)
+        })
         .map_err(|e| RecordError::Shard(e.to_string()))?;
     stats.wal_segments.store(1, Ordering::Relaxed);
     let mut w = Writer {
@@ -257,7 +271,9 @@ fn run(
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut shutdown = false;
     while !shutdown {
-        let Some(first) = rx.blocking_recv() else { break };
+        let Some(first) = rx.blocking_recv() else {
+            break;
+        };
         batch.push(first);
         while batch.len() < MAX_BATCH {
             match rx.try_recv() {
@@ -272,9 +288,14 @@ fn run(
                     let up = begin.upstream_request.as_deref().unwrap_or(&[]);
                     encode(&mut buf, Kind::Begin, &header, &begin.request, up);
                     *w.unpublished.entry(w.segment).or_insert(0) += 1;
-                    w.pending.insert(begin.meta.call_id.clone(), (w.segment, begin));
+                    w.pending
+                        .insert(begin.meta.call_id.clone(), (w.segment, begin));
                 }
-                WalMsg::End { outcome, response, ack } => {
+                WalMsg::End {
+                    outcome,
+                    response,
+                    ack,
+                } => {
                     let header = serde_json::to_vec(&outcome).unwrap_or_default();
                     encode(&mut buf, Kind::End, &header, &response, &[]);
                     match w.pending.remove(&outcome.call_id) {
@@ -286,7 +307,9 @@ fn run(
                                 response,
                             },
                         }),
-                        None => tracing::error!(call_id = %outcome.call_id, "call ended without a begin record"),
+                        None => {
+                            tracing::error!(call_id = %outcome.call_id, "call ended without a begin record")
+                        }
                     }
                     acks.push(ack);
                 }
@@ -309,12 +332,18 @@ fn run(
         if let Err(e) = &result {
             tracing::error!(error = %e, "write-ahead log write failed");
         }
-        for ack in acks.drain(..) {
-            let _ = ack.send(result.as_ref().map(|_| ()).map_err(|e| RecordError::Wal(e.to_string())));
-        }
+        // Count rows as unpublished before anyone learns they are acknowledged.
         w.stats
             .unpublished_rows
             .fetch_add(forward.len() as i64, Ordering::Relaxed);
+        for ack in acks.drain(..) {
+            let _ = ack.send(
+                result
+                    .as_ref()
+                    .map(|_| ())
+                    .map_err(|e| RecordError::Wal(e.to_string())),
+            );
+        }
         for item in forward.drain(..) {
             if shard_tx.send(item).is_err() {
                 tracing::error!("shard writer stopped; rows stay in the WAL until restart");
@@ -338,7 +367,9 @@ fn write_out(w: &mut Writer, buf: &[u8]) -> std::io::Result<()> {
         w.file.sync_data()?;
     }
     w.segment_bytes += buf.len() as u64;
-    w.stats.wal_bytes_written.fetch_add(buf.len() as u64, Ordering::Relaxed);
+    w.stats
+        .wal_bytes_written
+        .fetch_add(buf.len() as u64, Ordering::Relaxed);
     Ok(())
 }
 

@@ -56,7 +56,9 @@ pub fn upstream_headers(client: &HeaderMap, keys_are_ours: bool) -> HeaderMap {
     let mut h = HeaderMap::with_capacity(client.len());
     for (k, v) in client {
         let name = k.as_str();
-        if DROP_REQUEST.contains(&name) || (keys_are_ours && (k == header::AUTHORIZATION || name == "x-api-key")) {
+        if DROP_REQUEST.contains(&name)
+            || (keys_are_ours && (k == header::AUTHORIZATION || name == "x-api-key"))
+        {
             continue;
         }
         h.append(k.clone(), v.clone());
@@ -89,7 +91,10 @@ impl<'de> Deserialize<'de> for RawObject {
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("a JSON object")
             }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut m: A) -> Result<RawObject, A::Error> {
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<RawObject, A::Error> {
                 let mut out = Vec::new();
                 while let Some((k, v)) = m.next_entry::<String, Box<RawValue>>()? {
                     out.push((k, v));
@@ -161,9 +166,15 @@ impl Call {
                 status: status.as_str(),
             })
             .inc();
-        m.duration.get_or_create(&label).observe(self.started.elapsed().as_secs_f64());
+        m.duration
+            .get_or_create(&label)
+            .observe(self.started.elapsed().as_secs_f64());
         if let Some((class, msg)) = &failure {
-            m.errors.get_or_create(&ClassLabel { class: class.as_str() }).inc();
+            m.errors
+                .get_or_create(&ClassLabel {
+                    class: class.as_str(),
+                })
+                .inc();
             tracing::info!(
                 call_id = %self.begin.meta.call_id,
                 rollout = %self.begin.meta.rollout_id,
@@ -171,7 +182,8 @@ impl Call {
                 "call failed: {msg}"
             );
         }
-        let (failure_class, failure_message) = failure.map_or((None, None), |(c, m)| (Some(c), Some(m)));
+        let (failure_class, failure_message) =
+            failure.map_or((None, None), |(c, m)| (Some(c), Some(m)));
         let outcome = CallOutcome {
             call_id: self.begin.meta.call_id.clone(),
             status,
@@ -189,8 +201,13 @@ impl Call {
     /// Answer with an error in the harness's API format, and record it.
     async fn fail(mut self, class: FailureClass, err: ApiError) -> Response<ProxyBody> {
         let body = Bytes::from(self.api.error_body(&err));
-        self.end(CallStatus::Failed, err.status, Some((class, err.message.clone())), body.clone())
-            .await;
+        self.end(
+            CallStatus::Failed,
+            err.status,
+            Some((class, err.message.clone())),
+            body.clone(),
+        )
+        .await;
         super::routes::bytes_response(err.status, "application/json", body)
     }
 
@@ -221,7 +238,11 @@ impl Drop for InFlight {
     }
 }
 
-fn rollout_of(state: &State, path_rollout: Option<String>, headers: &HeaderMap) -> Result<String, ApiError> {
+fn rollout_of(
+    state: &State,
+    path_rollout: Option<String>,
+    headers: &HeaderMap,
+) -> Result<String, ApiError> {
     if let Some(r) = path_rollout {
         return Ok(r);
     }
@@ -242,7 +263,12 @@ fn rollout_of(state: &State, path_rollout: Option<String>, headers: &HeaderMap) 
 }
 
 /// Proxy and record one call.
-pub async fn proxy(state: Arc<State>, api: WireApi, path_rollout: Option<String>, req: Request<Incoming>) -> Response<ProxyBody> {
+pub async fn proxy(
+    state: Arc<State>,
+    api: WireApi,
+    path_rollout: Option<String>,
+    req: Request<Incoming>,
+) -> Response<ProxyBody> {
     let started = Instant::now();
     let received_at = crate::now_micros();
     let in_flight = InFlight::new(&state);
@@ -273,7 +299,10 @@ pub async fn proxy(state: Arc<State>, api: WireApi, path_rollout: Option<String>
         user_agent,
     };
     let max = state.config.server.max_body_bytes;
-    let read = Limited::new(body, max).collect().await.map(|b| b.to_bytes());
+    let read = Limited::new(body, max)
+        .collect()
+        .await
+        .map(|b| b.to_bytes());
     let bad = |meta: CallMeta, request: Bytes| Call {
         state: state.clone(),
         api,
@@ -288,19 +317,26 @@ pub async fn proxy(state: Arc<State>, api: WireApi, path_rollout: Option<String>
     };
     let request = match read {
         Ok(b) => b,
-        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
             let err = ApiError::new(
                 413,
                 "invalid_request_error",
                 "body_too_large",
                 format!("request body exceeds the limit of {max} bytes (server.max_body_bytes)"),
             );
-            return bad(meta, Bytes::new()).fail(FailureClass::BodyTooLarge, err).await;
+            return bad(meta, Bytes::new())
+                .fail(FailureClass::BodyTooLarge, err)
+                .await;
         }
         Err(e) => {
             let msg = format!("could not read the request body: {e}");
             let err = ApiError::new(400, "invalid_request_error", "bad_body", msg);
-            return bad(meta, Bytes::new()).fail(FailureClass::BadRequest, err).await;
+            return bad(meta, Bytes::new())
+                .fail(FailureClass::BadRequest, err)
+                .await;
         }
     };
     let head: Head = match serde_json::from_slice(&request) {
@@ -319,7 +355,12 @@ pub async fn proxy(state: Arc<State>, api: WireApi, path_rollout: Option<String>
         Some(serde_json::Value::String(m)) => Some(m),
         None => None,
         Some(other) => {
-            let err = ApiError::new(400, "invalid_request_error", "invalid_model", format!("`model` must be a string, got {other}"));
+            let err = ApiError::new(
+                400,
+                "invalid_request_error",
+                "invalid_model",
+                format!("`model` must be a string, got {other}"),
+            );
             return bad(meta, request).fail(FailureClass::BadRequest, err).await;
         }
     };
@@ -332,7 +373,9 @@ pub async fn proxy(state: Arc<State>, api: WireApi, path_rollout: Option<String>
             "model_not_found",
             format!("no route serves model {model:?} and there is no default route"),
         );
-        return bad(meta, request).fail(FailureClass::UnknownRoute, err).await;
+        return bad(meta, request)
+            .fail(FailureClass::UnknownRoute, err)
+            .await;
     };
     meta.route = Some(route.name.clone());
     let upstream_model = model.as_deref().map(|m| route.upstream_model(m).to_owned());
@@ -396,13 +439,18 @@ pub async fn proxy(state: Arc<State>, api: WireApi, path_rollout: Option<String>
     let body = match read_whole(&route, resp, max.max(64 << 20)).await {
         Ok(b) => b,
         Err((class, msg)) => {
-            let code = if class == FailureClass::UpstreamTimeout { 504 } else { 502 };
+            let code = if class == FailureClass::UpstreamTimeout {
+                504
+            } else {
+                502
+            };
             let err = ApiError::new(code, "server_error", class.as_str(), msg);
             return call.fail(class, err).await;
         }
     };
     if status.is_success() {
-        call.end(CallStatus::Ok, status.as_u16(), None, body.clone()).await;
+        call.end(CallStatus::Ok, status.as_u16(), None, body.clone())
+            .await;
         *out.body_mut() = ProxyBody::full(body);
         return out;
     }
@@ -421,14 +469,25 @@ pub async fn proxy(state: Arc<State>, api: WireApi, path_rollout: Option<String>
     let body = if passthrough {
         body
     } else {
-        let kind = if status.is_server_error() { "server_error" } else { "invalid_request_error" };
+        let kind = if status.is_server_error() {
+            "server_error"
+        } else {
+            "invalid_request_error"
+        };
         let err = ApiError::new(status.as_u16(), kind, "upstream_error", msg.clone());
-        out.headers_mut()
-            .insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+        out.headers_mut().insert(
+            header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
         Bytes::from(api.error_body(&err))
     };
-    call.end(CallStatus::Failed, status.as_u16(), Some((class, msg)), body.clone())
-        .await;
+    call.end(
+        CallStatus::Failed,
+        status.as_u16(),
+        Some((class, msg)),
+        body.clone(),
+    )
+    .await;
     *out.body_mut() = ProxyBody::full(body);
     drop(in_flight);
     out
@@ -449,7 +508,11 @@ fn upstream_error_message(body: &[u8]) -> String {
     })
 }
 
-async fn read_whole(route: &Route, mut resp: reqwest::Response, limit: usize) -> Result<Bytes, (FailureClass, String)> {
+async fn read_whole(
+    route: &Route,
+    mut resp: reqwest::Response,
+    limit: usize,
+) -> Result<Bytes, (FailureClass, String)> {
     let mut buf = BytesMut::new();
     loop {
         match tokio::time::timeout(route.idle_timeout, resp.chunk()).await {
@@ -461,7 +524,10 @@ async fn read_whole(route: &Route, mut resp: reqwest::Response, limit: usize) ->
             }
             Ok(Ok(Some(c))) => {
                 if buf.len() + c.len() > limit {
-                    return Err((FailureClass::UpstreamDropped, format!("upstream body exceeds {limit} bytes")));
+                    return Err((
+                        FailureClass::UpstreamDropped,
+                        format!("upstream body exceeds {limit} bytes"),
+                    ));
                 }
                 buf.extend_from_slice(&c);
             }
@@ -469,7 +535,10 @@ async fn read_whole(route: &Route, mut resp: reqwest::Response, limit: usize) ->
             Ok(Err(e)) => {
                 return Err((
                     FailureClass::UpstreamDropped,
-                    format!("the upstream closed the response midway: {}", error_chain(&e)),
+                    format!(
+                        "the upstream closed the response midway: {}",
+                        error_chain(&e)
+                    ),
                 ))
             }
         }
@@ -484,7 +553,13 @@ enum Next {
 }
 
 /// Forward a stream chunk by chunk, collecting a copy for the record.
-async fn pump(mut call: Call, route: Arc<Route>, mut resp: reqwest::Response, tx: mpsc::Sender<Chunk>, in_flight: InFlight) {
+async fn pump(
+    mut call: Call,
+    route: Arc<Route>,
+    mut resp: reqwest::Response,
+    tx: mpsc::Sender<Chunk>,
+    in_flight: InFlight,
+) {
     let _in_flight = in_flight;
     let max_stream = Duration::from_secs(call.state.config.server.max_stream_secs);
     let deadline = tokio::time::Instant::from_std(call.started) + max_stream;
@@ -516,30 +591,47 @@ async fn pump(mut call: Call, route: Arc<Route>, mut resp: reqwest::Response, tx
                     recorded = true;
                     if tx.is_closed() {
                         let msg = "the client disconnected before the stream ended".to_owned();
-                        call.end(CallStatus::Failed, 200, Some((FailureClass::ClientDisconnected, msg)), collected.split().freeze())
-                            .await;
+                        call.end(
+                            CallStatus::Failed,
+                            200,
+                            Some((FailureClass::ClientDisconnected, msg)),
+                            collected.split().freeze(),
+                        )
+                        .await;
                         return;
                     }
-                    call.end(CallStatus::Ok, 200, None, collected.split().freeze()).await;
+                    call.end(CallStatus::Ok, 200, None, collected.split().freeze())
+                        .await;
                 }
                 if tx.send(Ok(chunk)).await.is_err() && !recorded {
                     let msg = "the client disconnected before the stream ended".to_owned();
-                    call.end(CallStatus::Failed, 200, Some((FailureClass::ClientDisconnected, msg)), collected.freeze())
-                        .await;
+                    call.end(
+                        CallStatus::Failed,
+                        200,
+                        Some((FailureClass::ClientDisconnected, msg)),
+                        collected.freeze(),
+                    )
+                    .await;
                     return;
                 }
             }
             Next::End => {
                 if !recorded {
-                    call.end(CallStatus::Ok, 200, None, collected.freeze()).await;
+                    call.end(CallStatus::Ok, 200, None, collected.freeze())
+                        .await;
                 }
                 return;
             }
             Next::ClientGone => {
                 if !recorded {
                     let msg = "the client disconnected before the stream ended".to_owned();
-                    call.end(CallStatus::Failed, 200, Some((FailureClass::ClientDisconnected, msg)), collected.freeze())
-                        .await;
+                    call.end(
+                        CallStatus::Failed,
+                        200,
+                        Some((FailureClass::ClientDisconnected, msg)),
+                        collected.freeze(),
+                    )
+                    .await;
                 }
                 return;
             }
@@ -552,10 +644,20 @@ async fn pump(mut call: Call, route: Arc<Route>, mut resp: reqwest::Response, tx
                     FailureClass::UpstreamTimeout | FailureClass::StreamTimeout => "stream_timeout",
                     _ => "upstream_dropped",
                 };
-                let event = Bytes::from(api.error_event(&ApiError::new(502, "server_error", code, msg.clone())));
+                let event = Bytes::from(api.error_event(&ApiError::new(
+                    502,
+                    "server_error",
+                    code,
+                    msg.clone(),
+                )));
                 collected.extend_from_slice(&event);
-                call.end(CallStatus::Failed, 200, Some((class, msg.clone())), collected.freeze())
-                    .await;
+                call.end(
+                    CallStatus::Failed,
+                    200,
+                    Some((class, msg.clone())),
+                    collected.freeze(),
+                )
+                .await;
                 // Tell the harness in its own format, then abort the body so
                 // it cannot mistake the stream for a complete one.
                 let _ = tx.send(Ok(event)).await;
@@ -565,7 +667,6 @@ async fn pump(mut call: Call, route: Arc<Route>, mut resp: reqwest::Response, tx
         }
     }
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -592,6 +693,8 @@ mod tests {
         assert!(out.get(header::AUTHORIZATION).is_none() && out.get("x-api-key").is_none());
         assert!(out.get(header::HOST).is_none());
         assert_eq!(out["x-custom"], "1");
-        assert!(upstream_headers(&h, false).get(header::AUTHORIZATION).is_some());
+        assert!(upstream_headers(&h, false)
+            .get(header::AUTHORIZATION)
+            .is_some());
     }
 }

@@ -51,8 +51,12 @@ impl Metrics {
         let mut registry = Registry::with_prefix("rollcall");
         let calls = Family::<CallLabels, Counter>::default();
         let errors = Family::<ClassLabel, Counter>::default();
-        let duration = Family::<ApiLabel, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
-        let ttfb = Family::<ApiLabel, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
+        let duration = Family::<ApiLabel, Histogram, fn() -> Histogram>::new_with_constructor(
+            latency_histogram,
+        );
+        let ttfb = Family::<ApiLabel, Histogram, fn() -> Histogram>::new_with_constructor(
+            latency_histogram,
+        );
         let m = Self {
             calls,
             errors,
@@ -67,30 +71,77 @@ impl Metrics {
             stats,
             registry: Registry::default(),
         };
-        registry.register("calls", "Calls handled, by wire API and status", m.calls.clone());
-        registry.register("call_failures", "Failed calls by failure class", m.errors.clone());
+        registry.register(
+            "calls",
+            "Calls handled, by wire API and status",
+            m.calls.clone(),
+        );
+        registry.register(
+            "call_failures",
+            "Failed calls by failure class",
+            m.errors.clone(),
+        );
         for class in FailureClass::ALL {
-            let _ = m.errors.get_or_create(&ClassLabel { class: class.as_str() });
+            let _ = m.errors.get_or_create(&ClassLabel {
+                class: class.as_str(),
+            });
         }
-        registry.register("call_duration_seconds", "Time from request to the end of the response", m.duration.clone());
-        registry.register("time_to_first_byte_seconds", "Time from request to the upstream's first byte", m.ttfb.clone());
-        registry.register("calls_in_flight", "Calls being handled now", m.in_flight.clone());
-        registry.register("shard_lag_rows", "Rows in the write-ahead log not yet in a published shard", m.shard_lag.clone());
-        registry.register("shard_rows_published", "Rows published to shards since start", m.rows_published.clone());
-        registry.register("shards_published", "Shard files published since start", m.shards_published.clone());
-        registry.register("wal_bytes_written", "Bytes written to the write-ahead log since start", m.wal_bytes.clone());
-        registry.register("wal_segments", "Write-ahead log segments on disk", m.wal_segments.clone());
+        registry.register(
+            "call_duration_seconds",
+            "Time from request to the end of the response",
+            m.duration.clone(),
+        );
+        registry.register(
+            "time_to_first_byte_seconds",
+            "Time from request to the upstream's first byte",
+            m.ttfb.clone(),
+        );
+        registry.register(
+            "calls_in_flight",
+            "Calls being handled now",
+            m.in_flight.clone(),
+        );
+        registry.register(
+            "shard_lag_rows",
+            "Rows in the write-ahead log not yet in a published shard",
+            m.shard_lag.clone(),
+        );
+        registry.register(
+            "shard_rows_published",
+            "Rows published to shards since start",
+            m.rows_published.clone(),
+        );
+        registry.register(
+            "shards_published",
+            "Shard files published since start",
+            m.shards_published.clone(),
+        );
+        registry.register(
+            "wal_bytes_written",
+            "Bytes written to the write-ahead log since start",
+            m.wal_bytes.clone(),
+        );
+        registry.register(
+            "wal_segments",
+            "Write-ahead log segments on disk",
+            m.wal_segments.clone(),
+        );
         Self { registry, ..m }
     }
 
     /// The exposition text.
     pub fn render(&self) -> String {
         let s = &self.stats;
-        self.shard_lag.set(s.unpublished_rows.load(Ordering::Relaxed));
-        self.rows_published.set(s.rows_published.load(Ordering::Relaxed) as i64);
-        self.shards_published.set(s.shards_published.load(Ordering::Relaxed) as i64);
-        self.wal_bytes.set(s.wal_bytes_written.load(Ordering::Relaxed) as i64);
-        self.wal_segments.set(s.wal_segments.load(Ordering::Relaxed));
+        self.shard_lag
+            .set(s.unpublished_rows.load(Ordering::Relaxed));
+        self.rows_published
+            .set(s.rows_published.load(Ordering::Relaxed) as i64);
+        self.shards_published
+            .set(s.shards_published.load(Ordering::Relaxed) as i64);
+        self.wal_bytes
+            .set(s.wal_bytes_written.load(Ordering::Relaxed) as i64);
+        self.wal_segments
+            .set(s.wal_segments.load(Ordering::Relaxed));
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out

@@ -14,8 +14,7 @@ pub mod routes;
 use crate::config::Config;
 use crate::record::{Recorder, RecorderTask};
 use crate::upstream::RouteTable;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -31,7 +30,9 @@ pub struct Sequencer {
 
 impl Sequencer {
     pub fn new(start: HashMap<String, i64>) -> Self {
-        Self { next: Mutex::new(start) }
+        Self {
+            next: Mutex::new(start),
+        }
     }
 
     /// Take the next sequence number of `rollout`.
@@ -74,7 +75,10 @@ pub enum ServeError {
     Record(#[from] crate::record::RecordError),
     /// could not listen on {addr}: {source}
     #[error("could not listen on {addr}: {source}")]
-    Listen { addr: SocketAddr, source: std::io::Error },
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// A running server.
@@ -93,9 +97,17 @@ impl Server {
         let client_keys = match &config.server.client_keys_env {
             Some(var) => {
                 let v = std::env::var(var).map_err(|_| {
-                    crate::config::ConfigError::Invalid(format!("server.client_keys_env: {var} is not set"))
+                    crate::config::ConfigError::Invalid(format!(
+                        "server.client_keys_env: {var} is not set"
+                    ))
                 })?;
-                Some(v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect())
+                Some(
+                    v.split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_owned)
+                        .collect(),
+                )
             }
             None => None,
         };
@@ -111,7 +123,9 @@ impl Server {
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| ServeError::Listen { addr, source })?;
-        let addr = listener.local_addr().map_err(|source| ServeError::Listen { addr, source })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| ServeError::Listen { addr, source })?;
         let state = Arc::new(State {
             metrics: metrics::Metrics::new(recorder.stats.clone()),
             sequencer: Sequencer::new(recovered.next_sequence),
@@ -140,10 +154,11 @@ impl Server {
         let service = tower::ServiceBuilder::new()
             .concurrency_limit(state.config.server.max_concurrent_calls)
             .service(routes::Router::new(state.clone()));
-        let mut builder = auto::Builder::new(TokioExecutor::new());
+        // HTTP/1.1: what harnesses speak to an http:// base URL.
+        let mut builder = hyper::server::conn::http1::Builder::new();
         builder
-            .http1()
-            .max_buf_size(state.config.server.max_header_bytes)
+            .max_header_size(state.config.server.max_header_bytes)
+            .max_buf_size(state.config.server.max_header_bytes.max(8192))
             .timer(TokioTimer::new())
             .header_read_timeout(Duration::from_secs(30));
         let graceful = hyper_util::server::graceful::GracefulShutdown::new();
@@ -161,7 +176,7 @@ impl Server {
                     };
                     let _ = stream.set_nodelay(true);
                     let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service.clone()));
-                    let conn = graceful.watch(conn.into_owned());
+                    let conn = graceful.watch(conn);
                     tokio::spawn(async move {
                         if let Err(e) = conn.await {
                             tracing::debug!(error = %e, "connection ended with an error");
@@ -174,8 +189,13 @@ impl Server {
         drop(listener);
         tracing::info!("shutting down: draining in-flight calls");
         let grace = Duration::from_secs(state.config.server.shutdown_grace_secs);
-        if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
-            tracing::warn!("calls still in flight after the grace period; they will be replayed as incomplete");
+        if tokio::time::timeout(grace, graceful.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "calls still in flight after the grace period; they will be replayed as incomplete"
+            );
         }
         // Streams finish in their own tasks; give them the rest of the grace period.
         let deadline = tokio::time::Instant::now() + grace;

@@ -53,10 +53,18 @@ impl tower::Service<Request<Incoming>> for Router {
 
 /// A JSON response.
 pub fn json_response(status: u16, body: &Value) -> Response<ProxyBody> {
-    bytes_response(status, "application/json", serde_json::to_vec(body).unwrap_or_default())
+    bytes_response(
+        status,
+        "application/json",
+        serde_json::to_vec(body).unwrap_or_default(),
+    )
 }
 
-pub fn bytes_response(status: u16, content_type: &str, body: impl Into<Bytes>) -> Response<ProxyBody> {
+pub fn bytes_response(
+    status: u16,
+    content_type: &str,
+    body: impl Into<Bytes>,
+) -> Response<ProxyBody> {
     let mut r = Response::new(ProxyBody::full(body));
     *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     if let Ok(v) = content_type.parse() {
@@ -74,7 +82,10 @@ pub fn error_response(api: WireApi, err: &ApiError) -> Response<ProxyBody> {
 pub fn client_key(h: &HeaderMap) -> Option<&str> {
     h.get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
         .or_else(|| h.get("x-api-key").and_then(|v| v.to_str().ok()))
         .map(str::trim)
 }
@@ -83,7 +94,9 @@ pub fn client_key(h: &HeaderMap) -> Option<&str> {
 pub fn check_rollout_id(id: &str) -> Result<(), ApiError> {
     let ok = !id.is_empty()
         && id.len() <= 200
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._:-@+=".contains(&b));
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:-@+=".contains(&b));
     if ok {
         Ok(())
     } else {
@@ -91,7 +104,9 @@ pub fn check_rollout_id(id: &str) -> Result<(), ApiError> {
             400,
             "invalid_request_error",
             "invalid_rollout_id",
-            format!("invalid rollout id {id:?}: use 1-200 characters of letters, digits and ._:-@+="),
+            format!(
+                "invalid rollout id {id:?}: use 1-200 characters of letters, digits and ._:-@+="
+            ),
         ))
     }
 }
@@ -111,10 +126,17 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<ProxyBody>
     let chat = WireApi::ChatCompletions;
     match (&method, path.as_str()) {
         (&Method::GET, "/healthz") => {
-            return json_response(200, &json!({"status": "ok", "shard_lag_rows": state.recorder.unpublished_rows()}));
+            return json_response(
+                200,
+                &json!({"status": "ok", "shard_lag_rows": state.recorder.unpublished_rows()}),
+            );
         }
         (&Method::GET, "/metrics") => {
-            return bytes_response(200, "text/plain; version=0.0.4; charset=utf-8", state.metrics.render());
+            return bytes_response(
+                200,
+                "text/plain; version=0.0.4; charset=utf-8",
+                state.metrics.render(),
+            );
         }
         _ => {}
     }
@@ -129,9 +151,20 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<ProxyBody>
             return error_response(chat, &err);
         }
     }
-    if let Some(id) = path.strip_prefix("/v1/rollouts/").and_then(|r| r.strip_suffix("/finish")) {
+    if let Some(id) = path
+        .strip_prefix("/v1/rollouts/")
+        .and_then(|r| r.strip_suffix("/finish"))
+    {
         if method != Method::POST {
-            return error_response(chat, &ApiError::new(405, "invalid_request_error", "method_not_allowed", "use POST"));
+            return error_response(
+                chat,
+                &ApiError::new(
+                    405,
+                    "invalid_request_error",
+                    "method_not_allowed",
+                    "use POST",
+                ),
+            );
         }
         return finish(&state, id, req).await;
     }
@@ -157,7 +190,12 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<ProxyBody>
         Some(api) if method == Method::POST => call::proxy(state, api, rollout, req).await,
         Some(api) => error_response(
             api,
-            &ApiError::new(405, "invalid_request_error", "method_not_allowed", format!("{endpoint} takes POST")),
+            &ApiError::new(
+                405,
+                "invalid_request_error",
+                "method_not_allowed",
+                format!("{endpoint} takes POST"),
+            ),
         ),
         None => error_response(chat, &not_found(&path)),
     }
@@ -179,7 +217,12 @@ async fn finish(state: &State, id: &str, req: Request<Incoming>) -> Response<Pro
     let body = match Limited::new(req.into_body(), 1 << 20).collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => {
-            let err = ApiError::new(400, "invalid_request_error", "bad_body", format!("could not read the body: {e}"));
+            let err = ApiError::new(
+                400,
+                "invalid_request_error",
+                "bad_body",
+                format!("could not read the body: {e}"),
+            );
             return error_response(chat, &err);
         }
     };
@@ -196,7 +239,12 @@ async fn finish(state: &State, id: &str, req: Request<Incoming>) -> Response<Pro
         }
     };
     if parsed.reward.is_some_and(|r| !r.is_finite()) {
-        let err = ApiError::new(400, "invalid_request_error", "invalid_finish", "reward must be a finite number");
+        let err = ApiError::new(
+            400,
+            "invalid_request_error",
+            "invalid_finish",
+            "reward must be a finite number",
+        );
         return error_response(chat, &err);
     }
     let calls = state.sequencer.count(id);
@@ -211,8 +259,14 @@ async fn finish(state: &State, id: &str, req: Request<Incoming>) -> Response<Pro
     };
     let record_id = fin.record_id.clone();
     match state.recorder.finish(fin).await {
-        Ok(()) => json_response(200, &json!({"rollout_id": id, "record_id": record_id, "calls": calls})),
-        Err(e) => error_response(chat, &ApiError::new(503, "server_error", "recorder_unavailable", e.to_string())),
+        Ok(()) => json_response(
+            200,
+            &json!({"rollout_id": id, "record_id": record_id, "calls": calls}),
+        ),
+        Err(e) => error_response(
+            chat,
+            &ApiError::new(503, "server_error", "recorder_unavailable", e.to_string()),
+        ),
     }
 }
 
@@ -222,7 +276,10 @@ async fn models(state: &State, req: Request<Incoming>) -> Response<ProxyBody> {
     let chat = WireApi::ChatCompletions;
     let headers = call::upstream_headers(req.headers(), state.client_keys.is_some());
     let upstream_err = match state.routes.default_route() {
-        Some(route) => match route.send(Method::GET, "/models", headers, Bytes::new()).await {
+        Some(route) => match route
+            .send(Method::GET, "/models", headers, Bytes::new())
+            .await
+        {
             Ok(resp) if resp.status().is_success() => {
                 let ct = resp
                     .headers()
@@ -244,10 +301,19 @@ async fn models(state: &State, req: Request<Incoming>) -> Response<ProxyBody> {
         .routes
         .all()
         .iter()
-        .flat_map(|r| r.listed_models().map(|m| json!({"id": m, "object": "model", "owned_by": r.name})).collect::<Vec<_>>())
+        .flat_map(|r| {
+            r.listed_models()
+                .map(|m| json!({"id": m, "object": "model", "owned_by": r.name}))
+                .collect::<Vec<_>>()
+        })
         .collect();
     if data.is_empty() {
-        let err = ApiError::new(502, "server_error", "upstream_unavailable", format!("could not list models: {upstream_err}"));
+        let err = ApiError::new(
+            502,
+            "server_error",
+            "upstream_unavailable",
+            format!("could not list models: {upstream_err}"),
+        );
         return error_response(chat, &err);
     }
     json_response(200, &json!({"object": "list", "data": data}))

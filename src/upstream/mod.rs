@@ -42,10 +42,15 @@ impl Route {
     fn new(c: &RouteConfig) -> Result<Self, ConfigError> {
         let api_key = match &c.api_key_env {
             Some(var) => Some(std::env::var(var).map_err(|_| {
-                ConfigError::Invalid(format!("route {:?}: environment variable {var} is not set", c.name))
+                ConfigError::Invalid(format!(
+                    "route {:?}: environment variable {var} is not set",
+                    c.name
+                ))
             })?),
             None => None,
         };
+        // TLS to https upstreams uses rustls with the `ring` provider.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(c.connect_timeout_ms))
             .pool_max_idle_per_host(c.pool_max_idle)
@@ -125,8 +130,12 @@ impl Route {
                     tracing::debug!(route = %self.name, attempt, error = %e, "retrying upstream connect");
                     tokio::time::sleep(Duration::from_millis(50 << attempt.min(6))).await;
                 }
-                Ok(Err(e)) if e.is_connect() => return Err(UpstreamError::Connect(error_chain(&e))),
-                Ok(Err(e)) if e.is_timeout() => return Err(UpstreamError::Timeout(self.response_timeout)),
+                Ok(Err(e)) if e.is_connect() => {
+                    return Err(UpstreamError::Connect(error_chain(&e)))
+                }
+                Ok(Err(e)) if e.is_timeout() => {
+                    return Err(UpstreamError::Timeout(self.response_timeout))
+                }
                 Ok(Err(e)) => return Err(UpstreamError::Request(error_chain(&e))),
             }
         }
@@ -204,7 +213,10 @@ url = "http://127.0.0.1:2/v1"
         assert_eq!(t.select(Some("qwen-3")).unwrap().name, "a");
         assert_eq!(t.select(Some("exact")).unwrap().name, "a");
         assert_eq!(t.select(Some("gpt-4o")).unwrap().name, "a");
-        assert_eq!(t.select(Some("gpt-4o")).unwrap().upstream_model("gpt-4o"), "qwen-7b");
+        assert_eq!(
+            t.select(Some("gpt-4o")).unwrap().upstream_model("gpt-4o"),
+            "qwen-7b"
+        );
         assert_eq!(t.select(Some("other")).unwrap().name, "b");
         assert_eq!(t.select(None).unwrap().name, "b");
     }

@@ -71,18 +71,24 @@ fn opts(model: &str) -> (String, Opts) {
 }
 
 /// Bind and serve until the process ends. Prints nothing; returns the address.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<(SocketAddr, impl std::future::Future<Output = ()>)> {
+pub async fn bind(
+    addr: SocketAddr,
+) -> std::io::Result<(SocketAddr, impl std::future::Future<Output = ()>)> {
     let listener = TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     let counter = Arc::new(AtomicU64::new(0));
     let fut = async move {
         let builder = auto::Builder::new(TokioExecutor::new());
         loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
             let _ = stream.set_nodelay(true);
             let counter = counter.clone();
             let svc = hyper::service::service_fn(move |req| handle(req, counter.clone()));
-            let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
+            let conn = builder
+                .serve_connection(TokioIo::new(stream), svc)
+                .into_owned();
             tokio::spawn(async move {
                 let _ = conn.await;
             });
@@ -94,7 +100,10 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<(SocketAddr, impl std::fu
 fn respond(status: u16, ct: &str, body: impl Into<Bytes>) -> Response<ProxyBody> {
     let mut r = Response::new(ProxyBody::full(body));
     *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
-    r.headers_mut().insert(header::CONTENT_TYPE, ct.parse().expect("valid content type"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        ct.parse().expect("valid content type"),
+    );
     r
 }
 
@@ -103,7 +112,10 @@ fn error(status: u16, msg: &str) -> Response<ProxyBody> {
     respond(status, "application/json", body.to_string())
 }
 
-async fn handle(req: Request<Incoming>, counter: Arc<AtomicU64>) -> Result<Response<ProxyBody>, Infallible> {
+async fn handle(
+    req: Request<Incoming>,
+    counter: Arc<AtomicU64>,
+) -> Result<Response<ProxyBody>, Infallible> {
     let path = req.uri().path().to_owned();
     if req.method() == Method::GET {
         return Ok(match path.as_str() {
@@ -122,7 +134,11 @@ async fn handle(req: Request<Incoming>, counter: Arc<AtomicU64>) -> Result<Respo
         return Ok(error(400, "body is not JSON"));
     };
     let n = counter.fetch_add(1, Ordering::Relaxed);
-    let model_full = body.get("model").and_then(Value::as_str).unwrap_or("scripted").to_owned();
+    let model_full = body
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or("scripted")
+        .to_owned();
     let (_, o) = opts(&model_full);
     if !o.ttfb.is_zero() {
         tokio::time::sleep(o.ttfb).await;
@@ -140,7 +156,10 @@ async fn handle(req: Request<Incoming>, counter: Arc<AtomicU64>) -> Result<Respo
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let answer = Answer::decide(&path, &body, &model_full, n);
     let Some(answer) = answer else {
-        return Ok(error(404, &format!("scripted upstream does not serve {path}")));
+        return Ok(error(
+            404,
+            &format!("scripted upstream does not serve {path}"),
+        ));
     };
     if !stream {
         let text = answer.whole().to_string();
@@ -153,8 +172,12 @@ async fn handle(req: Request<Incoming>, counter: Arc<AtomicU64>) -> Result<Respo
                 let _ = tx.send(Err(std::io::Error::other("scripted drop"))).await;
             });
             let mut r = Response::new(ProxyBody::Stream(rx));
-            r.headers_mut().insert(header::CONTENT_TYPE, "application/json".parse().expect("ct"));
-            r.headers_mut().insert(header::CONTENT_LENGTH, text.len().into());
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                "application/json".parse().expect("ct"),
+            );
+            r.headers_mut()
+                .insert(header::CONTENT_LENGTH, text.len().into());
             return Ok(r);
         }
         return Ok(respond(200, "application/json", text));
@@ -184,8 +207,12 @@ async fn handle(req: Request<Incoming>, counter: Arc<AtomicU64>) -> Result<Respo
         }
     });
     let mut r = Response::new(ProxyBody::Stream(rx));
-    r.headers_mut().insert(header::CONTENT_TYPE, "text/event-stream".parse().expect("ct"));
-    r.headers_mut().insert(header::CACHE_CONTROL, "no-cache".parse().expect("cc"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        "text/event-stream".parse().expect("ct"),
+    );
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, "no-cache".parse().expect("cc"));
     Ok(r)
 }
 
@@ -223,7 +250,9 @@ fn text_of(v: &Value) -> String {
 /// Arguments for a tool call, made from the tool's JSON schema.
 fn arguments_for(params: Option<&Value>) -> String {
     let mut args = serde_json::Map::new();
-    let props = params.and_then(|p| p.get("properties")).and_then(Value::as_object);
+    let props = params
+        .and_then(|p| p.get("properties"))
+        .and_then(Value::as_object);
     for (name, schema) in props.into_iter().flatten() {
         let v = match schema.get("type").and_then(Value::as_str) {
             Some("integer") | Some("number") => json!(1),
@@ -256,19 +285,42 @@ impl Answer {
             Kind::Chat => {
                 let msgs = body.get("messages").and_then(Value::as_array);
                 let last = msgs.and_then(|m| m.iter().rev().find(|m| m["role"] == "user"));
-                let after_tool = msgs.and_then(|m| m.last()).is_some_and(|m| m["role"] == "tool");
-                (last.map(|m| text_of(&m["content"])).unwrap_or_default(), after_tool, body.get("tools").and_then(Value::as_array))
+                let after_tool = msgs
+                    .and_then(|m| m.last())
+                    .is_some_and(|m| m["role"] == "tool");
+                (
+                    last.map(|m| text_of(&m["content"])).unwrap_or_default(),
+                    after_tool,
+                    body.get("tools").and_then(Value::as_array),
+                )
             }
             Kind::Responses => match body.get("input") {
-                Some(Value::String(s)) => (s.clone(), false, body.get("tools").and_then(Value::as_array)),
+                Some(Value::String(s)) => (
+                    s.clone(),
+                    false,
+                    body.get("tools").and_then(Value::as_array),
+                ),
                 Some(Value::Array(items)) => {
-                    let last = items.iter().rev().find(|i| i.get("role").and_then(Value::as_str) == Some("user"));
-                    let after_tool = items.last().is_some_and(|i| i["type"] == "function_call_output");
-                    (last.map(|m| text_of(&m["content"])).unwrap_or_default(), after_tool, body.get("tools").and_then(Value::as_array))
+                    let last = items
+                        .iter()
+                        .rev()
+                        .find(|i| i.get("role").and_then(Value::as_str) == Some("user"));
+                    let after_tool = items
+                        .last()
+                        .is_some_and(|i| i["type"] == "function_call_output");
+                    (
+                        last.map(|m| text_of(&m["content"])).unwrap_or_default(),
+                        after_tool,
+                        body.get("tools").and_then(Value::as_array),
+                    )
                 }
                 _ => (String::new(), false, None),
             },
-            Kind::Completions => (text_of(body.get("prompt").unwrap_or(&Value::Null)), false, None),
+            Kind::Completions => (
+                text_of(body.get("prompt").unwrap_or(&Value::Null)),
+                false,
+                None,
+            ),
         };
         let tool = if after_tool {
             None
@@ -295,9 +347,14 @@ impl Answer {
             text,
             tool,
             prompt_words,
-            logprobs: body.get("logprobs").is_some_and(|v| v.as_bool() == Some(true) || v.is_number()),
+            logprobs: body
+                .get("logprobs")
+                .is_some_and(|v| v.as_bool() == Some(true) || v.is_number()),
             token_ids: body.get("return_token_ids").and_then(Value::as_bool) == Some(true),
-            include_usage: body.pointer("/stream_options/include_usage").and_then(Value::as_bool) == Some(true),
+            include_usage: body
+                .pointer("/stream_options/include_usage")
+                .and_then(Value::as_bool)
+                == Some(true),
         })
     }
 
@@ -339,8 +396,10 @@ impl Answer {
         match self.kind {
             Kind::Chat => {
                 let message = match &self.tool {
-                    Some((name, args)) => json!({"role": "assistant", "content": null, "tool_calls": [
-                        {"id": format!("call_{}", self.n), "type": "function", "function": {"name": name, "arguments": args}}]}),
+                    Some((name, args)) => {
+                        json!({"role": "assistant", "content": null, "tool_calls": [
+                        {"id": format!("call_{}", self.n), "type": "function", "function": {"name": name, "arguments": args}}]})
+                    }
                     None => json!({"role": "assistant", "content": self.text}),
                 };
                 let mut choice = json!({"index": 0, "message": message, "finish_reason": if self.tool.is_some() {"tool_calls"} else {"stop"}, "logprobs": null});
@@ -355,18 +414,24 @@ impl Answer {
                 }
                 v
             }
-            Kind::Completions => json!({"id": format!("cmpl-{id}"), "object": "text_completion", "created": 1_700_000_000, "model": self.model,
-                "choices": [{"index": 0, "text": self.text, "finish_reason": "stop", "logprobs": null}], "usage": self.chat_usage()}),
+            Kind::Completions => {
+                json!({"id": format!("cmpl-{id}"), "object": "text_completion", "created": 1_700_000_000, "model": self.model,
+                "choices": [{"index": 0, "text": self.text, "finish_reason": "stop", "logprobs": null}], "usage": self.chat_usage()})
+            }
             Kind::Responses => self.response_object("completed"),
         }
     }
 
     fn response_object(&self, status: &str) -> Value {
         let output = match &self.tool {
-            Some((name, args)) => json!([{"type": "function_call", "id": format!("fc_{}", self.n), "call_id": format!("call_{}", self.n),
-                "name": name, "arguments": args, "status": "completed"}]),
-            None => json!([{"type": "message", "id": format!("msg_{}", self.n), "role": "assistant", "status": "completed",
-                "content": [{"type": "output_text", "text": self.text, "annotations": []}]}]),
+            Some((name, args)) => {
+                json!([{"type": "function_call", "id": format!("fc_{}", self.n), "call_id": format!("call_{}", self.n),
+                "name": name, "arguments": args, "status": "completed"}])
+            }
+            None => {
+                json!([{"type": "message", "id": format!("msg_{}", self.n), "role": "assistant", "status": "completed",
+                "content": [{"type": "output_text", "text": self.text, "annotations": []}]}])
+            }
         };
         let c = self.completion_tokens();
         json!({"id": format!("resp_{}", self.n), "object": "response", "created_at": 1_700_000_000, "status": status,
@@ -424,7 +489,11 @@ impl Answer {
                 let size = chars.len().div_ceil(k.max(1)).max(1);
                 for piece in chars.chunks(size) {
                     let s: String = piece.iter().collect();
-                    out.push(chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": s}}]}), Value::Null, None));
+                    out.push(chunk(
+                        json!({"tool_calls": [{"index": 0, "function": {"arguments": s}}]}),
+                        Value::Null,
+                        None,
+                    ));
                 }
                 out.push(chunk(json!({}), json!("tool_calls"), None));
             }
@@ -436,7 +505,9 @@ impl Answer {
                     }
                     let mut c = chunk(json!({"content": p}), Value::Null, extra);
                     if self.token_ids {
-                        let mut v: Value = serde_json::from_str(c.trim_start_matches("data: ").trim()).expect("own json");
+                        let mut v: Value =
+                            serde_json::from_str(c.trim_start_matches("data: ").trim())
+                                .expect("own json");
                         v["choices"][0]["token_ids"] = Self::token_ids(&p);
                         c = format!("data: {v}\n\n");
                     }
@@ -463,8 +534,14 @@ impl Answer {
             format!("event: {kind}\ndata: {data}\n\n")
         };
         let mut out = vec![
-            ev("response.created", json!({"response": self.response_object("in_progress")})),
-            ev("response.in_progress", json!({"response": self.response_object("in_progress")})),
+            ev(
+                "response.created",
+                json!({"response": self.response_object("in_progress")}),
+            ),
+            ev(
+                "response.in_progress",
+                json!({"response": self.response_object("in_progress")}),
+            ),
         ];
         let done = self.response_object("completed");
         let item = done["output"][0].clone();
@@ -473,31 +550,52 @@ impl Answer {
                 let mut added = item.clone();
                 added["arguments"] = json!("");
                 added["status"] = json!("in_progress");
-                out.push(ev("response.output_item.added", json!({"output_index": 0, "item": added})));
+                out.push(ev(
+                    "response.output_item.added",
+                    json!({"output_index": 0, "item": added}),
+                ));
                 let chars: Vec<char> = args.chars().collect();
                 let size = chars.len().div_ceil(k.max(1)).max(1);
                 for piece in chars.chunks(size) {
                     let s: String = piece.iter().collect();
-                    out.push(ev("response.function_call_arguments.delta", json!({"output_index": 0, "item_id": item["id"], "delta": s})));
+                    out.push(ev(
+                        "response.function_call_arguments.delta",
+                        json!({"output_index": 0, "item_id": item["id"], "delta": s}),
+                    ));
                 }
-                out.push(ev("response.function_call_arguments.done", json!({"output_index": 0, "item_id": item["id"], "arguments": args})));
+                out.push(ev(
+                    "response.function_call_arguments.done",
+                    json!({"output_index": 0, "item_id": item["id"], "arguments": args}),
+                ));
             }
             None => {
                 let mut added = item.clone();
                 added["content"] = json!([]);
                 added["status"] = json!("in_progress");
-                out.push(ev("response.output_item.added", json!({"output_index": 0, "item": added})));
-                out.push(ev("response.content_part.added", json!({"output_index": 0, "item_id": item["id"], "content_index": 0,
-                    "part": {"type": "output_text", "text": "", "annotations": []}})));
+                out.push(ev(
+                    "response.output_item.added",
+                    json!({"output_index": 0, "item": added}),
+                ));
+                out.push(ev(
+                    "response.content_part.added",
+                    json!({"output_index": 0, "item_id": item["id"], "content_index": 0,
+                    "part": {"type": "output_text", "text": "", "annotations": []}}),
+                ));
                 for p in self.pieces(k) {
                     out.push(ev("response.output_text.delta", json!({"output_index": 0, "item_id": item["id"], "content_index": 0, "delta": p})));
                 }
                 out.push(ev("response.output_text.done", json!({"output_index": 0, "item_id": item["id"], "content_index": 0, "text": self.text})));
-                out.push(ev("response.content_part.done", json!({"output_index": 0, "item_id": item["id"], "content_index": 0,
-                    "part": {"type": "output_text", "text": self.text, "annotations": []}})));
+                out.push(ev(
+                    "response.content_part.done",
+                    json!({"output_index": 0, "item_id": item["id"], "content_index": 0,
+                    "part": {"type": "output_text", "text": self.text, "annotations": []}}),
+                ));
             }
         }
-        out.push(ev("response.output_item.done", json!({"output_index": 0, "item": item})));
+        out.push(ev(
+            "response.output_item.done",
+            json!({"output_index": 0, "item": item}),
+        ));
         out.push(ev("response.completed", json!({"response": done})));
         out
     }
