@@ -11,9 +11,17 @@ pub struct Detector {
     head: Vec<u8>,
     after_cr: bool,
     terminal_event: bool,
+    /// An error event went by (`event: error`, or data that is an error object).
+    pub saw_error: bool,
 }
 
 const HEAD: usize = 48;
+
+const ERRORS: &[&[u8]] = &[
+    b"event: error",
+    b"data: {\"error\"",
+    b"data: {\"type\":\"error\"",
+];
 
 const MARKERS: &[&[u8]] = &[
     b"data: [DONE]",
@@ -43,6 +51,8 @@ impl Detector {
                     done |= std::mem::take(&mut self.terminal_event);
                 } else if MARKERS.iter().any(|m| self.head.starts_with(m)) {
                     self.terminal_event = true;
+                } else if ERRORS.iter().any(|m| self.head.starts_with(m)) {
+                    self.saw_error = true;
                 }
                 self.head.clear();
             } else if self.head.len() < HEAD {
@@ -68,5 +78,8 @@ mod tests {
         assert!(!d.feed(b"data: [DO"));
         assert!(!d.feed(b"NE]\r\n"));
         assert!(d.feed(b"\r\n"));
+        assert!(!d.saw_error);
+        assert!(!d.feed(b"data: {\"error\":{\"message\":\"x\"}}\n\n"));
+        assert!(d.saw_error);
     }
 }

@@ -68,10 +68,11 @@ impl CallRow {
             }
             _ => Assembled::default(),
         };
-        let failure_message = o
-            .failure_message
-            .clone()
-            .or_else(|| assembled.error.clone());
+        // The upstream's own words about an error event inside a stream.
+        let failure_message = match (&o.failure_message, &assembled.error) {
+            (Some(m), Some(e)) => Some(format!("{m}: {e}")),
+            (m, e) => m.clone().or_else(|| e.clone()),
+        };
         CallRow {
             call_id: m.call_id.clone(),
             rollout_id: m.rollout_id.clone(),

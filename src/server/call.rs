@@ -552,6 +552,27 @@ enum Next {
     ClientGone,
 }
 
+/// How a stream that ran to its end is recorded: an error event inside it
+/// makes it an upstream stream error; an end without a terminal event
+/// (`[DONE]`, `response.completed`, …) means the upstream cut it short.
+fn stream_verdict(d: &Detector, terminal: bool) -> (CallStatus, Option<(FailureClass, String)>) {
+    if d.saw_error {
+        let msg = "the upstream's stream carried an error event".to_owned();
+        (
+            CallStatus::Failed,
+            Some((FailureClass::UpstreamStreamError, msg)),
+        )
+    } else if !terminal {
+        let msg = "the upstream ended the stream without its terminal event".to_owned();
+        (
+            CallStatus::Failed,
+            Some((FailureClass::UpstreamDropped, msg)),
+        )
+    } else {
+        (CallStatus::Ok, None)
+    }
+}
+
 /// Forward a stream chunk by chunk, collecting a copy for the record.
 async fn pump(
     mut call: Call,
@@ -600,7 +621,8 @@ async fn pump(
                         .await;
                         return;
                     }
-                    call.end(CallStatus::Ok, 200, None, collected.split().freeze())
+                    let (status, failure) = stream_verdict(&detector, true);
+                    call.end(status, 200, failure, collected.split().freeze())
                         .await;
                 }
                 if tx.send(Ok(chunk)).await.is_err() && !recorded {
@@ -617,8 +639,8 @@ async fn pump(
             }
             Next::End => {
                 if !recorded {
-                    call.end(CallStatus::Ok, 200, None, collected.freeze())
-                        .await;
+                    let (status, failure) = stream_verdict(&detector, false);
+                    call.end(status, 200, failure, collected.freeze()).await;
                 }
                 return;
             }
@@ -658,10 +680,19 @@ async fn pump(
                     collected.freeze(),
                 )
                 .await;
-                // Tell the harness in its own format, then abort the body so
-                // it cannot mistake the stream for a complete one.
-                let _ = tx.send(Ok(event)).await;
-                let _ = tx.send(Err(std::io::Error::other(msg))).await;
+                // Tell the harness in its own format, let the event reach the
+                // socket, then abort the body so that it cannot be mistaken
+                // for a complete stream.
+                if tx.send(Ok(event)).await.is_ok() {
+                    let waited = Instant::now();
+                    while tx.capacity() < tx.max_capacity()
+                        && waited.elapsed() < Duration::from_secs(1)
+                    {
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    let _ = tx.send(Err(std::io::Error::other(msg))).await;
+                }
                 return;
             }
         }

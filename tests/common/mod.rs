@@ -42,7 +42,7 @@ impl Proc {
     }
 }
 
-fn spawn(args: &[&str], ready_prefix: &str) -> Proc {
+pub fn spawn(args: &[&str], ready_prefix: &str) -> Proc {
     let mut child = Command::new(BIN)
         .args(args)
         .env("ROLLCALL_LOG", "warn")

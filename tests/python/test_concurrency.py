@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
+from urllib.parse import urlsplit
 
 import rollcall_harness as h
 
@@ -31,7 +31,62 @@ def api_for(j: int) -> str:
     return "responses" if j == 2 else "chat_completions"
 
 
-async def one_call(client: httpx.AsyncClient, base: str, i: int, j: int) -> str:
+class Pool:
+    """A bounded pool of keep-alive HTTP/1.1 connections over asyncio streams
+    (a minimal client: Content-Length requests; Content-Length or chunked
+    responses), light enough to keep 500 rollouts busy on two cores."""
+
+    def __init__(self, base: str, size: int):
+        u = urlsplit(base)
+        self.host, self.port, self.size = u.hostname, u.port, size
+        self.idle: asyncio.Queue = asyncio.Queue()
+        self.opened = 0
+
+    async def _get(self):
+        if self.idle.empty() and self.opened < self.size:
+            self.opened += 1
+            return await asyncio.open_connection(self.host, self.port)
+        return await self.idle.get()
+
+    async def post(self, path: str, body: bytes) -> tuple[int, dict, bytes]:
+        reader, writer = await self._get()
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        writer.write(head + body)
+        status_line = await reader.readline()
+        status = int(status_line.split()[1])
+        headers = {}
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            k, _, v = line.decode().partition(":")
+            headers[k.strip().lower()] = v.strip()
+        if "content-length" in headers:
+            data = await reader.readexactly(int(headers["content-length"]))
+        else:
+            assert headers.get("transfer-encoding") == "chunked", headers
+            parts = []
+            while True:
+                size = int((await reader.readline()).split(b";")[0], 16)
+                if size == 0:
+                    await reader.readline()
+                    break
+                parts.append(await reader.readexactly(size))
+                await reader.readline()
+            data = b"".join(parts)
+        if headers.get("connection") == "close":
+            writer.close()
+            self.opened -= 1
+        else:
+            self.idle.put_nowait((reader, writer))
+        return status, headers, data
+
+    def close(self) -> None:
+        while not self.idle.empty():
+            self.idle.get_nowait()[1].close()
+
+
+async def one_call(pool: Pool, i: int, j: int) -> str:
     q = content(i, j)
     stream = streams(i, j)
     if api_for(j) == "responses":
@@ -42,17 +97,14 @@ async def one_call(client: httpx.AsyncClient, base: str, i: int, j: int) -> str:
             "messages": [{"role": "user", "content": q}],
             "stream": stream,
         }
-    url = f"{base}/rollouts/conc-{i}/v1/{path}"
+    status, headers, raw = await pool.post(f"/rollouts/conc-{i}/v1/{path}", json.dumps(body).encode())
+    assert status == 200, raw
     if not stream:
-        r = await client.post(url, json=body)
-        assert r.status_code == 200, r.text
-        v = r.json()
+        v = json.loads(raw)
         if path == "responses":
             return v["output"][0]["content"][0]["text"]
         return v["choices"][0]["message"]["content"]
-    async with client.stream("POST", url, json=body) as r:
-        assert r.status_code == 200
-        raw = b"".join([c async for c in r.aiter_raw()])
+    assert headers["content-type"].startswith("text/event-stream")
     text, done = "", False
     for event, data in h.sse_events(raw):
         if data == "[DONE]":
@@ -71,14 +123,16 @@ async def one_call(client: httpx.AsyncClient, base: str, i: int, j: int) -> str:
 
 async def run_all(base: str) -> dict[tuple[int, int], str]:
     answers: dict[tuple[int, int], str] = {}
-    limits = httpx.Limits(max_connections=POOL, max_keepalive_connections=POOL)
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(60.0, pool=None), trust_env=False) as client:
+    pool = Pool(base, POOL)
 
-        async def rollout(i: int) -> None:
-            for j in range(calls_for(i)):  # a rollout's calls are sequential
-                answers[(i, j)] = await one_call(client, base, i, j)
+    async def rollout(i: int) -> None:
+        for j in range(calls_for(i)):  # a rollout's calls are sequential
+            answers[(i, j)] = await one_call(pool, i, j)
 
-        await asyncio.gather(*(rollout(i) for i in range(ROLLOUTS)))
+    try:
+        await asyncio.wait_for(asyncio.gather(*(rollout(i) for i in range(ROLLOUTS))), 120)
+    finally:
+        pool.close()
     return answers
 
 

@@ -173,6 +173,10 @@ def test_chat_non_streaming_and_streaming(proxy):
     assert r3["completion_token_ids"] == list(c3_text.encode())
     assert r3["completion_logprobs"] == sdk_lp
 
+    m = h.metrics_text(proxy.url)
+    assert 'rollcall_calls_total{wire_api="chat_completions",status="ok"} 3' in m
+    assert "rollcall_shard_lag_rows 0" in m
+
 
 def test_chat_tools_two_turns(proxy):
     """Tool call, then a second turn with the tool result; once without and
