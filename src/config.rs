@@ -311,6 +311,25 @@ mod tests {
     }
 
     #[test]
+    fn example_configs_are_valid() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("proxy-config");
+        let mut n = 0;
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "toml") {
+                let mut c = Config::load(&p).unwrap_or_else(|e| panic!("{e}"));
+                if c.routes.is_empty() {
+                    c.set_upstream("http://127.0.0.1:8000/v1");
+                }
+                c.validate()
+                    .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                n += 1;
+            }
+        }
+        assert!(n >= 3);
+    }
+
+    #[test]
     fn parses_full_example() {
         let c = Config::parse(
             r#"
