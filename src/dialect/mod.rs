@@ -87,15 +87,16 @@ impl WireApi {
     }
 
     /// Normalize a request body to chat-format messages and tool definitions.
-    pub fn normalize_request(self, request: &Value) -> Normalized {
+    pub fn normalize_request(self, mut request: Value) -> Normalized {
+        let mut take = |k: &str| request.get_mut(k).map(Value::take);
         match self {
             Self::ChatCompletions => Normalized {
-                messages: request.get("messages").cloned().unwrap_or(json!([])),
-                tools: request.get("tools").cloned(),
+                messages: take("messages").unwrap_or(json!([])),
+                tools: take("tools"),
             },
-            Self::Responses => responses::normalize_request(request),
+            Self::Responses => responses::normalize_request(&request),
             Self::Completions => Normalized {
-                messages: json!([{"role": "user", "content": request.get("prompt").cloned().unwrap_or(Value::Null)}]),
+                messages: json!([{"role": "user", "content": take("prompt").unwrap_or(Value::Null)}]),
                 tools: None,
             },
         }

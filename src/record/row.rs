@@ -58,7 +58,7 @@ impl CallRow {
         let o = &c.outcome;
         let api = WireApi::parse(&m.wire_api);
         let request: Option<Value> = serde_json::from_slice(&c.begin.request).ok();
-        let normalized = match (api, &request) {
+        let normalized = match (api, request) {
             (Some(api), Some(req)) => Some(api.normalize_request(req)),
             _ => None,
         };
@@ -92,15 +92,13 @@ impl CallRow {
                 .upstream_request
                 .as_ref()
                 .map(|b| String::from_utf8_lossy(b).into_owned()),
-            response: assembled
-                .response
-                .as_ref()
-                .map(Value::to_string)
-                .or_else(|| {
-                    // An error body (not assembled) is still the response the harness saw.
-                    (!c.response.is_empty() && !m.stream)
-                        .then(|| String::from_utf8_lossy(&c.response).into_owned())
-                }),
+            // A whole body already is the response (or the error the harness
+            // saw); a stream is stored joined back into one object.
+            response: if m.stream {
+                assembled.response.as_ref().map(Value::to_string)
+            } else {
+                (!c.response.is_empty()).then(|| String::from_utf8_lossy(&c.response).into_owned())
+            },
             response_raw: (!c.response.is_empty()).then(|| c.response.to_vec()),
             messages: normalized.as_ref().and_then(|n| json_text(&n.messages)),
             tools: normalized

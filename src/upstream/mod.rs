@@ -29,6 +29,8 @@ pub enum UpstreamError {
 pub struct Route {
     pub name: String,
     base_url: String,
+    /// `base_url` + each API endpoint, parsed once.
+    endpoint_urls: Vec<(&'static str, reqwest::Url)>,
     api_key: Option<String>,
     patterns: Vec<String>,
     model_map: BTreeMap<String, String>,
@@ -57,11 +59,27 @@ impl Route {
             .pool_idle_timeout(Duration::from_secs(90))
             .tcp_nodelay(true)
             .no_proxy()
+            // A proxy passes redirects back to the harness, and retries
+            // nothing but connection errors (below).
+            .redirect(reqwest::redirect::Policy::none())
+            .retry(reqwest::retry::never())
             .build()
             .map_err(|e| ConfigError::Invalid(format!("route {:?}: {e}", c.name)))?;
+        let base_url = c.url.trim_end_matches('/').to_owned();
+        let endpoint_urls = ["/chat/completions", "/responses", "/completions", "/models"]
+            .into_iter()
+            .map(|e| {
+                reqwest::Url::parse(&format!("{base_url}{e}"))
+                    .map(|u| (e, u))
+                    .map_err(|err| {
+                        ConfigError::Invalid(format!("route {:?}: url {:?}: {err}", c.name, c.url))
+                    })
+            })
+            .collect::<Result<_, _>>()?;
         Ok(Self {
             name: c.name.clone(),
-            base_url: c.url.trim_end_matches('/').to_owned(),
+            endpoint_urls,
+            base_url,
             api_key,
             patterns: c.models.clone(),
             model_map: c.model_map.clone(),
@@ -114,12 +132,16 @@ impl Route {
                 headers.insert(http::header::AUTHORIZATION, v);
             }
         }
-        let url = format!("{}{endpoint}", self.base_url);
+        let url = match self.endpoint_urls.iter().find(|(e, _)| *e == endpoint) {
+            Some((_, u)) => u.clone(),
+            None => reqwest::Url::parse(&format!("{}{endpoint}", self.base_url))
+                .map_err(|e| UpstreamError::Request(format!("bad upstream URL: {e}")))?,
+        };
         let mut attempt = 0;
         loop {
             let req = self
                 .client
-                .request(method.clone(), &url)
+                .request(method.clone(), url.clone())
                 .headers(headers.clone())
                 .body(body.clone());
             match tokio::time::timeout(self.response_timeout, req.send()).await {
