@@ -119,14 +119,18 @@ fn start_litellm(upstream: &str) -> Option<LiteLlm> {
         .stderr(Stdio::null())
         .spawn()
         .ok()?;
-    let mut key = String::new();
+    // Read the key, then keep draining stdout: LiteLLM dies of EPIPE if its
+    // banner has nowhere to go.
     let out = BufReader::new(child.stdout.take()?);
-    for line in out.lines().map_while(Result::ok) {
-        if let Some(k) = line.strip_prefix("LITELLM_MASTER_KEY=") {
-            key = k.to_owned();
-            break;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            if let Some(k) = line.strip_prefix("LITELLM_MASTER_KEY=") {
+                let _ = tx.send(k.to_owned());
+            }
         }
-    }
+    });
+    let key = rx.recv_timeout(Duration::from_secs(30)).ok()?;
     let base = format!("http://127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(180);
     while Instant::now() < deadline {
