@@ -211,6 +211,13 @@ impl Call {
         super::routes::bytes_response(err.status, "application/json", body)
     }
 
+    /// Record a stream the harness walked away from.
+    async fn client_gone(&mut self, response: Bytes) {
+        let msg = "the client disconnected before the stream ended".to_owned();
+        let failure = Some((FailureClass::ClientDisconnected, msg));
+        self.end(CallStatus::Failed, 200, failure, response).await;
+    }
+
     fn mark_first_byte(&mut self) {
         if self.first_byte_at.is_none() {
             self.first_byte_at = Some(crate::now_micros());
@@ -611,14 +618,7 @@ async fn pump(
                 if detector.feed(&chunk) {
                     recorded = true;
                     if tx.is_closed() {
-                        let msg = "the client disconnected before the stream ended".to_owned();
-                        call.end(
-                            CallStatus::Failed,
-                            200,
-                            Some((FailureClass::ClientDisconnected, msg)),
-                            collected.split().freeze(),
-                        )
-                        .await;
+                        call.client_gone(collected.split().freeze()).await;
                         return;
                     }
                     let (status, failure) = stream_verdict(&detector, true);
@@ -626,14 +626,7 @@ async fn pump(
                         .await;
                 }
                 if tx.send(Ok(chunk)).await.is_err() && !recorded {
-                    let msg = "the client disconnected before the stream ended".to_owned();
-                    call.end(
-                        CallStatus::Failed,
-                        200,
-                        Some((FailureClass::ClientDisconnected, msg)),
-                        collected.freeze(),
-                    )
-                    .await;
+                    call.client_gone(collected.freeze()).await;
                     return;
                 }
             }
@@ -646,14 +639,7 @@ async fn pump(
             }
             Next::ClientGone => {
                 if !recorded {
-                    let msg = "the client disconnected before the stream ended".to_owned();
-                    call.end(
-                        CallStatus::Failed,
-                        200,
-                        Some((FailureClass::ClientDisconnected, msg)),
-                        collected.freeze(),
-                    )
-                    .await;
+                    call.client_gone(collected.freeze()).await;
                 }
                 return;
             }
