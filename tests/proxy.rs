@@ -320,14 +320,7 @@ async fn health_metrics_and_bad_requests() {
         "[server]\nmax_body_bytes = 1000\n[rollouts]\nuntagged = \"reject\"\n",
     );
     let c = client();
-    let h: Value = c
-        .get(format!("{}/healthz", px.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let h = health(&c, &px.url).await;
     assert_eq!(h["status"], "ok");
     let chat = format!("{}/rollouts/bad/v1/chat/completions", px.url);
     let r = c.post(&chat).body("{not json").send().await.unwrap();

@@ -174,18 +174,17 @@ pub fn client() -> reqwest::Client {
         .unwrap()
 }
 
+/// The proxy's `/healthz` answer.
+pub async fn health(client: &reqwest::Client, proxy: &str) -> serde_json::Value {
+    let resp = client.get(format!("{proxy}/healthz")).send().await.unwrap();
+    resp.json().await.unwrap()
+}
+
 /// Wait until the proxy reports no unpublished rows.
 pub async fn wait_published(client: &reqwest::Client, proxy: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let h: serde_json::Value = client
-            .get(format!("{proxy}/healthz"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let h = health(client, proxy).await;
         if h["shard_lag_rows"] == 0 {
             // Published means renamed into place; nothing more to wait for.
             return;
