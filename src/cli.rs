@@ -37,12 +37,139 @@ enum Command {
         #[arg(long)]
         shards: Option<PathBuf>,
     },
+    /// Install and list agent harnesses (see harness-adapters/).
+    Harness {
+        #[command(subcommand)]
+        command: HarnessCommand,
+    },
+    /// Run one rollout of an unmodified agent harness through the proxy, then
+    /// finish the rollout with its exit status and duration.
+    Run {
+        /// Harness name (see `rollcall harness list`).
+        #[arg(long)]
+        harness: String,
+        /// Rollout id the harness's calls are recorded under.
+        #[arg(long)]
+        rollout: String,
+        /// Model name the harness asks for.
+        #[arg(long, default_value = "default")]
+        model: String,
+        /// Working directory of the harness (created if missing).
+        #[arg(long, default_value = ".")]
+        workdir: PathBuf,
+        /// Base URL of a running `rollcall serve`.
+        #[arg(long, env = "ROLLCALL_URL", default_value = "http://127.0.0.1:8700")]
+        proxy: String,
+        /// Key the harness presents to the proxy (never recorded).
+        #[arg(
+            long,
+            env = "ROLLCALL_CLIENT_KEY",
+            default_value = "rollcall",
+            hide_env_values = true
+        )]
+        api_key: String,
+        /// Where harnesses are installed.
+        #[arg(long, env = "ROLLCALL_HARNESS_DIR")]
+        prefix: Option<PathBuf>,
+        /// Private home for the harness's config and state (default: a fresh
+        /// directory under ~/.cache/rollcall/homes, removed afterwards).
+        #[arg(long)]
+        home: Option<PathBuf>,
+        /// Keep the private home after the run.
+        #[arg(long)]
+        keep_home: bool,
+        /// Stop the harness after this many seconds.
+        #[arg(long, default_value_t = 1800)]
+        timeout: u64,
+        /// Extra JSON metadata for the rollout's finish row.
+        #[arg(long)]
+        metadata: Option<String>,
+        /// The task, as one or more words.
+        #[arg(last = true, required = true)]
+        task: Vec<String>,
+    },
     /// Run the scripted model server used by tests, benchmarks and the demo
     /// (a stand-in for a real model server; see `upstream::scripted`).
     ScriptedUpstream {
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: SocketAddr,
     },
+}
+
+#[derive(Subcommand)]
+enum HarnessCommand {
+    /// Install harnesses at their pinned versions, then check their versions.
+    Install {
+        /// Harness names; all of them with --all.
+        names: Vec<String>,
+        #[arg(long)]
+        all: bool,
+        /// Install again even when the pinned version is present.
+        #[arg(long)]
+        force: bool,
+        /// Where to install.
+        #[arg(long, env = "ROLLCALL_HARNESS_DIR")]
+        prefix: Option<PathBuf>,
+    },
+    /// List the known harnesses, their pinned versions and install state.
+    List {
+        #[arg(long, env = "ROLLCALL_HARNESS_DIR")]
+        prefix: Option<PathBuf>,
+    },
+}
+
+fn harness_cmd(cmd: HarnessCommand) -> Result<(), Box<dyn std::error::Error>> {
+    use crate::harness::{self, install, Adapter};
+    match cmd {
+        HarnessCommand::Install {
+            names,
+            all,
+            force,
+            prefix,
+        } => {
+            let root = prefix.unwrap_or_else(harness::default_root);
+            let names: Vec<String> = if all {
+                harness::names().into_iter().map(String::from).collect()
+            } else if names.is_empty() {
+                return Err(format!(
+                    "name a harness to install, or pass --all; known: {}",
+                    harness::names().join(", ")
+                )
+                .into());
+            } else {
+                names
+            };
+            let adapters = names
+                .iter()
+                .map(|n| Adapter::get(n))
+                .collect::<Result<Vec<_>, _>>()?;
+            for a in &adapters {
+                install::install(a, &root, force)?;
+            }
+            Ok(())
+        }
+        HarnessCommand::List { prefix } => {
+            let root = prefix.unwrap_or_else(harness::default_root);
+            println!(
+                "{:<16} {:<10} {:<10} {:<6} STATE",
+                "NAME", "VERSION", "API", "VIA"
+            );
+            for n in harness::names() {
+                let a = Adapter::get(n)?;
+                let state = if install::installed(&a, &root) {
+                    format!("installed ({})", a.bin(&root).display())
+                } else {
+                    "not installed".into()
+                };
+                let via = format!("{:?}", a.install.kind).to_lowercase();
+                println!(
+                    "{:<16} {:<10} {:<10} {:<6} {state}",
+                    a.name, a.version, a.wire_api, via
+                );
+            }
+            Ok(())
+        }
+    }
 }
 
 fn init_logs(format: &str) {
@@ -73,6 +200,15 @@ async fn shutdown_signal() {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logs(&cli.log_format);
+    if let Command::Harness { command } = cli.command {
+        return match harness_cmd(command) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -84,7 +220,8 @@ pub fn main() -> ExitCode {
         }
     };
     match rt.block_on(run(cli.command)) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
@@ -92,8 +229,47 @@ pub fn main() -> ExitCode {
     }
 }
 
-async fn run(cmd: Command) -> Result<(), Box<dyn std::error::Error>> {
+/// Runs a command; returns the process exit code.
+async fn run(cmd: Command) -> Result<i32, Box<dyn std::error::Error>> {
     match cmd {
+        Command::Harness { .. } => unreachable!("handled before the runtime starts"),
+        Command::Run {
+            harness,
+            rollout,
+            model,
+            workdir,
+            proxy,
+            api_key,
+            prefix,
+            home,
+            keep_home,
+            timeout,
+            metadata,
+            task,
+        } => {
+            let metadata = match metadata {
+                Some(m) => Some(
+                    serde_json::from_str(&m)
+                        .map_err(|e| format!("--metadata must be JSON: {e}"))?,
+                ),
+                None => None,
+            };
+            let spec = crate::harness::run::RunSpec {
+                adapter: crate::harness::Adapter::get(&harness)?,
+                root: prefix.unwrap_or_else(crate::harness::default_root),
+                rollout,
+                proxy,
+                model,
+                api_key,
+                workdir,
+                home,
+                keep_home,
+                timeout: std::time::Duration::from_secs(timeout),
+                task: task.join(" "),
+                metadata,
+            };
+            Ok(crate::harness::run::run(spec).await?.exit_code())
+        }
         Command::Serve {
             config,
             listen,
@@ -117,7 +293,7 @@ async fn run(cmd: Command) -> Result<(), Box<dyn std::error::Error>> {
             println!("rollcall listening on http://{}", server.addr);
             tracing::info!(addr = %server.addr, shards = %server.state.config.shards.dir.display(), "serving");
             server.run(shutdown_signal()).await;
-            Ok(())
+            Ok(0)
         }
         Command::ScriptedUpstream { listen } => {
             let (addr, serve) = crate::upstream::scripted::bind(listen).await?;
@@ -126,7 +302,7 @@ async fn run(cmd: Command) -> Result<(), Box<dyn std::error::Error>> {
                 _ = serve => {},
                 _ = shutdown_signal() => {},
             }
-            Ok(())
+            Ok(0)
         }
     }
 }

@@ -22,7 +22,15 @@
 //!
 //! The answer text is `Reply to: <last user text>`, so tests can tell calls
 //! apart. When the request offers tools and its last message is not a tool
-//! result, the answer is a call to the first tool instead. A request with
+//! result, the answer is a call to a tool instead: a shell-like tool when one
+//! is offered (`bash`, `shell`, `exec_command`, ...), else the first function
+//! tool, with its required arguments filled from its JSON schema.
+//!
+//! **Scripted tasks.** A user message may carry commands as `[[run: CMD]]`.
+//! The model then runs them in order, one tool call per turn (the number of
+//! tool results so far says which is next), and once all have run it answers
+//! `Done. The command printed: <last tool result>`. That is how the
+//! end-to-end tests give a real harness a two-turn tool-call task. A request with
 //! `logprobs: true` gets per-token logprobs; `return_token_ids: true` gets
 //! vLLM-style `prompt_token_ids` and `token_ids` (ids are byte values).
 
@@ -247,30 +255,161 @@ fn text_of(v: &Value) -> String {
     }
 }
 
-/// Arguments for a tool call, made from the tool's JSON schema.
-fn arguments_for(params: Option<&Value>) -> String {
+/// Names of tools that run a shell command, in order of preference.
+const SHELL_TOOLS: &[&str] = &[
+    "bash",
+    "shell",
+    "exec_command",
+    "exec",
+    "run_shell_command",
+    "shell_command",
+    "run_command",
+    "terminal",
+];
+
+fn is_command_field(name: &str) -> bool {
+    name == "command" || name == "cmd" || name == "commands"
+}
+
+/// Arguments for a tool call, made from the tool's JSON schema: the command
+/// field (if any) carries `command`, other required fields get a plain value
+/// of their type (the first `enum` value when there is one).
+fn arguments_for(params: Option<&Value>, command: &str) -> String {
     let mut args = serde_json::Map::new();
     let props = params
         .and_then(|p| p.get("properties"))
         .and_then(Value::as_object);
+    let required: Vec<&str> = params
+        .and_then(|p| p.get("required"))
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
     for (name, schema) in props.into_iter().flatten() {
-        let v = match schema.get("type").and_then(Value::as_str) {
-            Some("integer") | Some("number") => json!(1),
-            Some("boolean") => json!(false),
-            Some("array") => {
-                if name.contains("command") || name.contains("cmd") {
-                    json!(["echo", "scripted"])
-                } else {
-                    json!([])
-                }
+        let is_cmd = is_command_field(name);
+        if !is_cmd && !required.contains(&name.as_str()) {
+            continue;
+        }
+        let ty = match schema.get("type") {
+            Some(Value::Array(ts)) => ts.iter().find_map(Value::as_str).unwrap_or("string"),
+            Some(t) => t.as_str().unwrap_or("string"),
+            None => "string",
+        };
+        let v = if let Some(first) = schema.get("enum").and_then(|e| e.get(0)) {
+            first.clone()
+        } else {
+            match ty {
+                "integer" | "number" => json!(1),
+                "boolean" => json!(false),
+                "array" if is_cmd => json!(["bash", "-lc", command]),
+                "array" => json!([]),
+                "object" => json!({}),
+                _ if is_cmd => json!(command),
+                _ if name == "description" => json!("Run a command"),
+                _ => json!("scripted"),
             }
-            Some("object") => json!({}),
-            _ if name.contains("command") || name.contains("cmd") => json!("echo scripted"),
-            _ => json!("scripted"),
         };
         args.insert(name.clone(), v);
     }
     Value::Object(args).to_string()
+}
+
+/// The tool the scripted model calls: a shell-like tool if offered, else the
+/// first function tool. Returns its name and parameter schema.
+fn pick_tool(tools: &[Value]) -> Option<(String, Option<&Value>)> {
+    let functions: Vec<(&str, Option<&Value>)> = tools
+        .iter()
+        .filter_map(|t| {
+            let ty = t.get("type").and_then(Value::as_str).unwrap_or("function");
+            if ty != "function" && ty != "custom_function" {
+                return None;
+            }
+            let f = t.get("function").unwrap_or(t);
+            let name = f.get("name").and_then(Value::as_str)?;
+            let params = f.get("parameters").or_else(|| f.get("input_schema"));
+            Some((name, params))
+        })
+        .collect();
+    let shell = SHELL_TOOLS
+        .iter()
+        .find_map(|want| functions.iter().find(|(n, _)| n == want));
+    shell
+        .or(functions.first())
+        .map(|(n, p)| ((*n).to_owned(), *p))
+}
+
+/// The `[[run: CMD]]` commands of a scripted task, in order.
+fn scripted_commands(texts: &[String]) -> Vec<String> {
+    let mut out = vec![];
+    for t in texts {
+        let mut rest = t.as_str();
+        while let Some(i) = rest.find("[[run:") {
+            let after = &rest[i + 6..];
+            let Some(end) = after.find("]]") else { break };
+            out.push(after[..end].trim().to_owned());
+            rest = &after[end + 2..];
+        }
+    }
+    out
+}
+
+/// What a request's conversation holds, as far as the scripted model cares.
+#[derive(Default)]
+struct Conversation<'a> {
+    user_texts: Vec<String>,
+    tool_results: Vec<String>,
+    last_is_tool_result: bool,
+    tools: Option<&'a Vec<Value>>,
+}
+
+impl<'a> Conversation<'a> {
+    fn of(kind: &Kind, body: &'a Value) -> Conversation<'a> {
+        let mut c = Conversation {
+            tools: body.get("tools").and_then(Value::as_array),
+            ..Conversation::default()
+        };
+        match kind {
+            Kind::Chat => {
+                for m in body
+                    .get("messages")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    match m["role"].as_str() {
+                        Some("user") => c.user_texts.push(text_of(&m["content"])),
+                        Some("tool") => c.tool_results.push(text_of(&m["content"])),
+                        _ => {}
+                    }
+                    c.last_is_tool_result = m["role"] == "tool";
+                }
+            }
+            Kind::Responses => match body.get("input") {
+                Some(Value::String(s)) => c.user_texts.push(s.clone()),
+                Some(Value::Array(items)) => {
+                    for i in items {
+                        if i.get("role").and_then(Value::as_str) == Some("user") {
+                            c.user_texts.push(text_of(&i["content"]));
+                        }
+                        let is_out = i["type"] == "function_call_output";
+                        if is_out {
+                            c.tool_results.push(match &i["output"] {
+                                Value::String(s) => s.clone(),
+                                other => text_of(other),
+                            });
+                        }
+                        c.last_is_tool_result = is_out;
+                    }
+                }
+                _ => {}
+            },
+            Kind::Completions => {
+                c.user_texts
+                    .push(text_of(body.get("prompt").unwrap_or(&Value::Null)));
+                c.tools = None;
+            }
+        }
+        c
+    }
 }
 
 impl Answer {
@@ -281,60 +420,23 @@ impl Answer {
             p if p.ends_with("/completions") => Kind::Completions,
             _ => return None,
         };
-        let (last_user, after_tool, tools): (String, bool, Option<&Vec<Value>>) = match kind {
-            Kind::Chat => {
-                let msgs = body.get("messages").and_then(Value::as_array);
-                let last = msgs.and_then(|m| m.iter().rev().find(|m| m["role"] == "user"));
-                let after_tool = msgs
-                    .and_then(|m| m.last())
-                    .is_some_and(|m| m["role"] == "tool");
-                (
-                    last.map(|m| text_of(&m["content"])).unwrap_or_default(),
-                    after_tool,
-                    body.get("tools").and_then(Value::as_array),
-                )
-            }
-            Kind::Responses => match body.get("input") {
-                Some(Value::String(s)) => (
-                    s.clone(),
-                    false,
-                    body.get("tools").and_then(Value::as_array),
-                ),
-                Some(Value::Array(items)) => {
-                    let last = items
-                        .iter()
-                        .rev()
-                        .find(|i| i.get("role").and_then(Value::as_str) == Some("user"));
-                    let after_tool = items
-                        .last()
-                        .is_some_and(|i| i["type"] == "function_call_output");
-                    (
-                        last.map(|m| text_of(&m["content"])).unwrap_or_default(),
-                        after_tool,
-                        body.get("tools").and_then(Value::as_array),
-                    )
-                }
-                _ => (String::new(), false, None),
-            },
-            Kind::Completions => (
-                text_of(body.get("prompt").unwrap_or(&Value::Null)),
-                false,
-                None,
-            ),
-        };
-        let tool = if after_tool {
-            None
+        let conv = Conversation::of(&kind, body);
+        let last_user = conv.user_texts.last().cloned().unwrap_or_default();
+        let script = scripted_commands(&conv.user_texts);
+        let next_command = if script.is_empty() {
+            (!conv.last_is_tool_result).then(|| "echo scripted".to_owned())
         } else {
-            tools.and_then(|t| {
-                t.iter().find_map(|t| {
-                    let f = t.get("function").unwrap_or(t);
-                    let name = f.get("name").and_then(Value::as_str)?;
-                    let params = f.get("parameters").or_else(|| f.get("input_schema"));
-                    Some((name.to_owned(), arguments_for(params)))
-                })
-            })
+            script.get(conv.tool_results.len()).cloned()
         };
-        let text = if after_tool {
+        let tool = next_command.and_then(|cmd| {
+            let (name, params) = pick_tool(conv.tools?)?;
+            Some((name, arguments_for(params, &cmd)))
+        });
+        let text = if !script.is_empty() && !conv.tool_results.is_empty() {
+            let last = conv.tool_results.last().map(String::as_str).unwrap_or("");
+            let last: String = last.trim().chars().take(400).collect();
+            format!("Done. The command printed: {last}")
+        } else if conv.last_is_tool_result {
             format!("Done. Reply to: {last_user}")
         } else {
             format!("Reply to: {last_user}")

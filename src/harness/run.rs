@@ -1,0 +1,298 @@
+//! `rollcall run`: one rollout of an unmodified harness through the proxy.
+//!
+//! The harness gets a private home (its config files are written there), an
+//! environment that points it at `PROXY/rollouts/<id>/v1`, and a working
+//! directory. Its output streams through as it comes. When it exits, the
+//! rollout is finished on the proxy with the exit status and duration.
+
+use super::install::path_with;
+use super::{Adapter, HarnessError, Vars};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+/// What to run.
+pub struct RunSpec {
+    pub adapter: Adapter,
+    /// Where harnesses are installed.
+    pub root: PathBuf,
+    pub rollout: String,
+    /// The proxy's base URL, `http://HOST:PORT`.
+    pub proxy: String,
+    pub model: String,
+    /// The key the harness presents to the proxy.
+    pub api_key: String,
+    pub workdir: PathBuf,
+    /// The private home; a fresh one under the cache directory when `None`.
+    pub home: Option<PathBuf>,
+    pub keep_home: bool,
+    pub timeout: Duration,
+    pub task: String,
+    /// Extra metadata recorded in the finish row.
+    pub metadata: Option<serde_json::Value>,
+}
+
+/// How the harness ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// It exited with this code.
+    Exited(i32),
+    /// A signal ended it.
+    Signaled(i32),
+    /// It ran past the timeout and was killed.
+    TimedOut,
+    /// rollcall run was interrupted, and stopped it.
+    Cancelled,
+}
+
+impl Outcome {
+    /// The status recorded in the rollout's finish row.
+    pub fn status(self) -> &'static str {
+        match self {
+            Outcome::Exited(0) => "completed",
+            Outcome::Exited(_) | Outcome::Signaled(_) => "failed",
+            Outcome::TimedOut => "timeout",
+            Outcome::Cancelled => "cancelled",
+        }
+    }
+
+    /// The exit code `rollcall run` itself returns.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Outcome::Exited(c) => c,
+            Outcome::Signaled(s) => 128 + s,
+            Outcome::TimedOut => 124,
+            Outcome::Cancelled => 130,
+        }
+    }
+}
+
+fn default_home(harness: &str, rollout: &str) -> PathBuf {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    cache
+        .join("rollcall")
+        .join("homes")
+        .join(format!("{harness}-{rollout}"))
+}
+
+fn absolute(p: &Path) -> Result<PathBuf, HarnessError> {
+    std::path::absolute(p).map_err(HarnessError::io(p))
+}
+
+/// Kill the harness's whole process group: SIGTERM, then SIGKILL after a grace.
+async fn stop_group(child: &mut tokio::process::Child) {
+    let Some(pid) = child.id() else { return };
+    let pgid = pid as libc::pid_t;
+    // SAFETY: kill(2) with a negative pid signals the process group we
+    // created for the child; it has no memory-safety preconditions.
+    unsafe { libc::kill(-pgid, libc::SIGTERM) };
+    if tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .is_err()
+    {
+        // SAFETY: as above.
+        unsafe { libc::kill(-pgid, libc::SIGKILL) };
+        let _ = child.wait().await;
+    }
+}
+
+async fn interrupted() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term.recv() => {},
+    }
+}
+
+/// Run the harness once; returns how it ended.
+pub async fn run(mut spec: RunSpec) -> Result<Outcome, HarnessError> {
+    spec.root = absolute(&spec.root)?;
+    let a = &spec.adapter;
+    crate::server::routes::check_rollout_id(&spec.rollout).map_err(|e| HarnessError::Adapter {
+        name: a.name.clone(),
+        message: e.message,
+    })?;
+    let bin = a.bin(&spec.root);
+    if !bin.exists() {
+        return Err(HarnessError::NotInstalled(
+            a.name.clone(),
+            a.dir(&spec.root),
+        ));
+    }
+    let proxy = spec.proxy.trim_end_matches('/').to_owned();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .map_err(|e| HarnessError::Proxy {
+            url: proxy.clone(),
+            message: e.to_string(),
+        })?;
+    let health = client.get(format!("{proxy}/healthz")).send().await;
+    if let Err(e) = health.and_then(|r| r.error_for_status()) {
+        return Err(HarnessError::Proxy {
+            url: proxy,
+            message: e.to_string(),
+        });
+    }
+
+    let workdir = absolute(&spec.workdir)?;
+    std::fs::create_dir_all(&workdir).map_err(HarnessError::io(&workdir))?;
+    let home = absolute(
+        &spec
+            .home
+            .clone()
+            .unwrap_or_else(|| default_home(&a.name, &spec.rollout)),
+    )?;
+    if home.exists() && spec.home.is_none() {
+        std::fs::remove_dir_all(&home).map_err(HarnessError::io(&home))?;
+    }
+    std::fs::create_dir_all(&home).map_err(HarnessError::io(&home))?;
+
+    let base_url = format!("{proxy}/rollouts/{}/v1", spec.rollout);
+    let vars = Vars(BTreeMap::from([
+        ("bin", bin.display().to_string()),
+        ("base_url", base_url.clone()),
+        ("proxy", proxy.clone()),
+        ("rollout", spec.rollout.clone()),
+        ("model", spec.model.clone()),
+        ("api_key", spec.api_key.clone()),
+        ("task", spec.task.clone()),
+        ("workdir", workdir.display().to_string()),
+        ("home", home.display().to_string()),
+    ]));
+    let render = |t: &str| {
+        vars.render(t).map_err(|message| HarnessError::Adapter {
+            name: a.name.clone(),
+            message,
+        })
+    };
+    for d in &a.run.dirs {
+        let path = home.join(render(d)?);
+        std::fs::create_dir_all(&path).map_err(HarnessError::io(&path))?;
+    }
+    for f in &a.run.files {
+        let path = home.join(render(&f.path)?);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(HarnessError::io(parent))?;
+        }
+        std::fs::write(&path, render(&f.content)?).map_err(HarnessError::io(&path))?;
+    }
+    let argv = a
+        .run
+        .argv
+        .iter()
+        .map(|t| render(t))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut env = BTreeMap::new();
+    for (k, v) in &a.run.env {
+        env.insert(k.clone(), render(v)?);
+    }
+    for d in ["config", "data", "cache", "state"] {
+        std::fs::create_dir_all(home.join(format!(".{d}"))).map_err(HarnessError::io(&home))?;
+    }
+
+    let mut cmd = tokio::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..])
+        .current_dir(&workdir)
+        // Some harnesses (opencode) take their directory from PWD.
+        .env("PWD", &workdir)
+        .env("HOME", &home)
+        .env("XDG_CONFIG_HOME", home.join(".config"))
+        .env("XDG_DATA_HOME", home.join(".data"))
+        .env("XDG_CACHE_HOME", home.join(".cache"))
+        .env("XDG_STATE_HOME", home.join(".state"))
+        .env("OPENAI_BASE_URL", &base_url)
+        .env("OPENAI_API_KEY", &spec.api_key)
+        .env("ROLLCALL_ROLLOUT_ID", &spec.rollout)
+        .env("PATH", path_with(a.node_bin(&spec.root).as_deref()))
+        .envs(&env)
+        .stdin(Stdio::null())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .process_group(0)
+        .kill_on_drop(true);
+    eprintln!(
+        "==> rollcall run: {} {} rollout {} -> {base_url} (workdir {}, home {})",
+        a.name,
+        a.version,
+        spec.rollout,
+        workdir.display(),
+        home.display()
+    );
+    let started = Instant::now();
+    let started_at = crate::now_micros();
+    let mut child = cmd.spawn().map_err(|source| HarnessError::Spawn {
+        program: argv[0].clone(),
+        source,
+    })?;
+    let outcome = tokio::select! {
+        status = child.wait() => match status {
+            Ok(s) => {
+                use std::os::unix::process::ExitStatusExt;
+                match (s.code(), s.signal()) {
+                    (Some(c), _) => Outcome::Exited(c),
+                    (None, Some(sig)) => Outcome::Signaled(sig),
+                    (None, None) => Outcome::Exited(1),
+                }
+            }
+            Err(e) => return Err(HarnessError::Io { path: bin.clone(), source: e }),
+        },
+        _ = tokio::time::sleep(spec.timeout) => {
+            stop_group(&mut child).await;
+            Outcome::TimedOut
+        }
+        _ = interrupted() => {
+            stop_group(&mut child).await;
+            Outcome::Cancelled
+        }
+    };
+    let duration = started.elapsed().as_secs_f64();
+    let mut metadata = json!({
+        "harness": a.name,
+        "harness_version": a.version,
+        "wire_api": a.wire_api,
+        "model": spec.model,
+        "exit_code": match outcome { Outcome::Exited(c) => json!(c), _ => json!(null) },
+        "signal": match outcome { Outcome::Signaled(s) => json!(s), _ => json!(null) },
+        "outcome": outcome.status(),
+        "duration_s": duration,
+        "started_at": started_at,
+        "task": spec.task,
+    });
+    if let Some(extra) = &spec.metadata {
+        metadata["extra"] = extra.clone();
+    }
+    let finish = client
+        .post(format!("{proxy}/v1/rollouts/{}/finish", spec.rollout))
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(json!({"status": outcome.status(), "metadata": metadata}).to_string())
+        .send()
+        .await
+        .and_then(|r| r.error_for_status());
+    if let Err(e) = finish {
+        return Err(HarnessError::Proxy {
+            url: proxy,
+            message: format!("could not finish rollout {}: {e}", spec.rollout),
+        });
+    }
+    eprintln!(
+        "==> rollcall run: {} rollout {} {} (exit {}) in {duration:.1} s",
+        a.name,
+        spec.rollout,
+        outcome.status(),
+        outcome.exit_code()
+    );
+    if !spec.keep_home && spec.home.is_none() {
+        let _ = std::fs::remove_dir_all(&home);
+    }
+    Ok(outcome)
+}
