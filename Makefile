@@ -6,7 +6,9 @@ VENV := .venv
 LITELLM_VENV := .venv-litellm
 BIN := target/release/rollcall
 
-.PHONY: all build test lint demo bench clean
+HARNESS_DIR := .harnesses
+
+.PHONY: all build test lint demo bench clean harnesses fixtures
 
 all: build
 
@@ -23,12 +25,22 @@ $(LITELLM_VENV)/.installed: benches/litellm/requirements.txt
 	$(LITELLM_VENV)/bin/pip install --quiet --disable-pip-version-check -r benches/litellm/requirements.txt
 	touch $@
 
-# Rust unit and integration tests, then the Python suite (openai SDK,
-# pyarrow, DuckDB) against the debug binary.
-test: $(VENV)/.installed
+# The five agent harnesses at their pinned versions (npm, pip, cargo), into
+# $(HARNESS_DIR). Idempotent; ZeroClaw's first build takes about 20 minutes.
+harnesses:
 	cargo build
+	target/debug/rollcall harness install --all --prefix $(HARNESS_DIR)
+
+# Rust unit and integration tests, then the Python suite (openai SDK,
+# pyarrow, DuckDB, real harness CLIs) against the debug binary.
+test: $(VENV)/.installed harnesses
 	cargo test
-	$(VENV)/bin/python -m pytest tests/python -q
+	ROLLCALL_HARNESS_DIR=$(HARNESS_DIR) ROLLCALL_REQUIRE_HARNESSES=1 \
+		$(VENV)/bin/python -m pytest tests/python -q
+
+# Capture each harness's exchange again into fixtures/<name>/.
+fixtures: $(VENV)/.installed harnesses
+	$(VENV)/bin/python fixtures/capture.py --harness-dir $(HARNESS_DIR)
 
 lint:
 	cargo fmt --check
@@ -46,4 +58,4 @@ bench: $(LITELLM_VENV)/.installed
 
 clean:
 	cargo clean
-	rm -rf $(VENV) $(LITELLM_VENV) demo-out
+	rm -rf $(VENV) $(LITELLM_VENV) $(HARNESS_DIR) demo-out

@@ -238,3 +238,33 @@ def test_harness_reports_upstream_failure(name, model, failure, env, proxy, tmp_
     assert all(r["http_status"] == int(model[-3:]) for r in rows)
     assert fins[rollout][0]["status"] == "failed"
     assert json.loads(fins[rollout][0]["metadata"])["exit_code"] == rc
+
+
+def test_run_errors_are_clear(proxy, tmp_path):
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([h.rollcall_bin(), "run", *args], capture_output=True, text=True, timeout=60)
+
+    r = run("--harness", "nope", "--rollout", "x", "--proxy", proxy.url, "--", "hi")
+    assert r.returncode != 0 and 'unknown harness "nope"' in r.stderr and "codex" in r.stderr
+    r = run("--harness", "codex", "--rollout", "x", "--proxy", proxy.url, "--prefix", str(tmp_path / "none"), "--", "hi")
+    assert r.returncode != 0 and "rollcall harness install codex" in r.stderr
+    need("codex")
+    r = run("--harness", "codex", "--rollout", "x", "--proxy", "http://127.0.0.1:9", "--prefix", str(HARNESS_DIR), "--", "hi")
+    assert r.returncode != 0 and "not reachable" in r.stderr
+    r = run("--harness", "codex", "--rollout", "bad/id", "--proxy", proxy.url, "--prefix", str(HARNESS_DIR), "--", "hi")
+    assert r.returncode != 0 and "invalid rollout id" in r.stderr
+    r = subprocess.run([h.rollcall_bin(), "harness", "install"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "--all" in r.stderr
+
+
+def test_run_timeout_stops_the_harness_and_finishes_the_rollout(proxy, tmp_path):
+    need("codex")
+    # The upstream never answers; rollcall run gives up after 3 s.
+    rc, out = finish_run(start_run(proxy, "codex", "slow-codex", tmp_path / "work",
+                                   model="scripted@fault=timeout", timeout=3), timeout=60)
+    assert rc == 124, out[-2000:]
+    assert "rollout slow-codex timeout" in out
+    _, fins = shards_of(proxy)
+    fin = fins["slow-codex"][0]
+    assert fin["status"] == "timeout"
+    assert json.loads(fin["metadata"])["exit_code"] is None
