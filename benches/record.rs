@@ -41,6 +41,7 @@ fn call(i: usize) -> CompletedCall {
                 stream: true,
                 received_at: 1_800_000_000_000_000,
                 user_agent: Some("bench".into()),
+                upstream_api: None,
             },
             request: Bytes::from(request.to_string()),
             upstream_request: None,
@@ -55,6 +56,7 @@ fn call(i: usize) -> CompletedCall {
             done_at: 1_800_000_000_002_000,
         },
         response: Bytes::from(stream_body(64)),
+        upstream_response: None,
     }
 }
 

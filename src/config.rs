@@ -166,6 +166,39 @@ pub struct RouteConfig {
     /// Idle pooled connections kept per upstream host.
     #[serde(default = "defaults::pool_max_idle")]
     pub pool_max_idle: usize,
+    /// What kind of server the upstream is; it decides which wire APIs it
+    /// serves natively and how token ids are asked for.
+    #[serde(default)]
+    pub kind: RouteKind,
+    /// Override the wire APIs the upstream serves natively
+    /// (`chat_completions`, `responses`, `completions`, `messages`). Calls in
+    /// another API are translated to Chat Completions when it is served.
+    pub apis: Option<Vec<String>>,
+    /// What translation does with constructs Chat Completions cannot
+    /// express: `drop` them with a logged warning, or `reject` the call.
+    #[serde(default)]
+    pub unsupported: crate::dialect::translate::Unsupported,
+}
+
+/// The kind of model server behind a route.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RouteKind {
+    /// OpenAI or a server that speaks its full API: Chat Completions,
+    /// Responses and Completions (Messages calls are translated to Chat).
+    #[default]
+    Openai,
+    /// Anthropic or an Anthropic-compatible server: Messages only. The key
+    /// goes in `x-api-key`.
+    Anthropic,
+    /// A server that speaks only Chat Completions and Completions
+    /// (llama.cpp, most open-model servers): Responses and Messages calls
+    /// are translated.
+    Chat,
+    /// vLLM: Chat Completions and Completions, asked for token ids and logprobs.
+    Vllm,
+    /// SGLang: Chat Completions and Completions, asked for token ids and logprobs.
+    Sglang,
 }
 
 mod defaults {
@@ -186,6 +219,20 @@ mod defaults {
     }
 }
 
+impl RouteKind {
+    /// The wire APIs this kind of server serves natively.
+    pub fn apis(self) -> &'static [crate::dialect::WireApi] {
+        use crate::dialect::WireApi::*;
+        match self {
+            RouteKind::Openai => &[ChatCompletions, Responses, Completions],
+            RouteKind::Anthropic => &[Messages],
+            RouteKind::Chat | RouteKind::Vllm | RouteKind::Sglang => {
+                &[ChatCompletions, Completions]
+            }
+        }
+    }
+}
+
 impl RouteConfig {
     /// A route with default settings, as `--upstream URL` creates.
     pub fn new(name: &str, url: &str) -> Self {
@@ -200,6 +247,9 @@ impl RouteConfig {
             idle_timeout_secs: defaults::idle_timeout_secs(),
             connect_retries: defaults::connect_retries(),
             pool_max_idle: defaults::pool_max_idle(),
+            kind: RouteKind::default(),
+            apis: None,
+            unsupported: Default::default(),
         }
     }
 }
@@ -260,6 +310,14 @@ impl Config {
             }
             if r.response_timeout_secs <= 0.0 || r.idle_timeout_secs <= 0.0 {
                 return invalid(format!("route {:?}: timeouts must be positive", r.name));
+            }
+            for a in r.apis.iter().flatten() {
+                if crate::dialect::WireApi::parse(a).is_none() {
+                    return invalid(format!(
+                        "route {:?}: apis: unknown wire API {a:?}; use chat_completions, responses, completions or messages",
+                        r.name
+                    ));
+                }
             }
         }
         if let Some(d) = &self.default_route {

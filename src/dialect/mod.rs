@@ -4,9 +4,11 @@
 
 pub mod chat;
 pub mod completions;
+pub mod messages;
 pub mod responses;
 pub mod sse;
 pub mod terminal;
+pub mod translate;
 
 use serde_json::{json, Value};
 
@@ -16,6 +18,8 @@ pub enum WireApi {
     ChatCompletions,
     Responses,
     Completions,
+    /// Anthropic Messages (`/v1/messages`), what Claude Code speaks.
+    Messages,
 }
 
 impl WireApi {
@@ -25,6 +29,7 @@ impl WireApi {
             "/chat/completions" => Some(Self::ChatCompletions),
             "/responses" => Some(Self::Responses),
             "/completions" => Some(Self::Completions),
+            "/messages" => Some(Self::Messages),
             _ => None,
         }
     }
@@ -34,6 +39,7 @@ impl WireApi {
             Self::ChatCompletions => "/chat/completions",
             Self::Responses => "/responses",
             Self::Completions => "/completions",
+            Self::Messages => "/messages",
         }
     }
 
@@ -43,13 +49,19 @@ impl WireApi {
             Self::ChatCompletions => "chat_completions",
             Self::Responses => "responses",
             Self::Completions => "completions",
+            Self::Messages => "messages",
         }
     }
 
     pub fn parse(name: &str) -> Option<Self> {
-        [Self::ChatCompletions, Self::Responses, Self::Completions]
-            .into_iter()
-            .find(|w| w.as_str() == name)
+        [
+            Self::ChatCompletions,
+            Self::Responses,
+            Self::Completions,
+            Self::Messages,
+        ]
+        .into_iter()
+        .find(|w| w.as_str() == name)
     }
 
     /// Assemble a response body (a whole SSE stream when `stream`) into
@@ -61,6 +73,7 @@ impl WireApi {
                 Self::ChatCompletions => chat::assemble_stream(&events),
                 Self::Responses => responses::assemble_stream(&events),
                 Self::Completions => completions::assemble_stream(&events),
+                Self::Messages => messages::assemble_stream(&events),
             }
         } else {
             match serde_json::from_slice::<Value>(body) {
@@ -80,6 +93,7 @@ impl WireApi {
                 Self::ChatCompletions => chat::extract(&resp, &mut out),
                 Self::Responses => responses::extract(&resp, &mut out),
                 Self::Completions => completions::extract(&resp, &mut out),
+                Self::Messages => messages::extract(&resp, &mut out),
             }
             out.response = Some(resp);
         }
@@ -95,6 +109,7 @@ impl WireApi {
                 tools: take("tools"),
             },
             Self::Responses => responses::normalize_request(&request),
+            Self::Messages => messages::normalize_request(&request),
             Self::Completions => Normalized {
                 messages: json!([{"role": "user", "content": take("prompt").unwrap_or(Value::Null)}]),
                 tools: None,
@@ -102,8 +117,19 @@ impl WireApi {
         }
     }
 
+    /// Whether `v` is an error body in this API's format.
+    pub fn is_error_body(self, v: &Value) -> bool {
+        match self {
+            Self::Messages => v.get("type").and_then(Value::as_str) == Some("error"),
+            _ => v.get("error").is_some(),
+        }
+    }
+
     /// An error body in this API's format.
     pub fn error_body(self, err: &ApiError) -> Vec<u8> {
+        if self == Self::Messages {
+            return serde_json::to_vec(&anthropic_error(err)).unwrap_or_default();
+        }
         serde_json::to_vec(&json!({
             "error": {
                 "message": err.message,
@@ -133,8 +159,27 @@ impl WireApi {
             Self::ChatCompletions | Self::Completions => {
                 format!("data: {}\n\n", json!({ "error": inner })).into_bytes()
             }
+            Self::Messages => {
+                format!("event: error\ndata: {}\n\n", anthropic_error(err)).into_bytes()
+            }
         }
     }
+}
+
+/// An error in Anthropic's format: `{"type":"error","error":{"type","message"}}`.
+fn anthropic_error(err: &ApiError) -> Value {
+    let kind = match (err.kind, err.status) {
+        (_, 401) => "authentication_error",
+        (_, 403) => "permission_error",
+        (_, 404) => "not_found_error",
+        (_, 413) => "request_too_large",
+        (_, 429) => "rate_limit_error",
+        (_, 529) => "overloaded_error",
+        ("invalid_request_error", _) => "invalid_request_error",
+        (_, s) if s < 500 => "invalid_request_error",
+        _ => "api_error",
+    };
+    json!({"type": "error", "error": {"type": kind, "message": err.message}})
 }
 
 /// An error the proxy itself answers with.

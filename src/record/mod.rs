@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 pub use row::{CallRow, RolloutRow};
 
 /// Version of the shard schema, also written into each file's metadata.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// Why recording failed.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +57,10 @@ pub struct CallMeta {
     pub stream: bool,
     pub received_at: i64,
     pub user_agent: Option<String>,
+    /// The API the upstream was spoken to in, when rollcall translated the
+    /// call (`chat_completions`); `None` when it went through natively.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_api: Option<String>,
 }
 
 /// A call as it begins: its metadata and the request bodies.
@@ -111,6 +115,9 @@ pub enum FailureClass {
     UpstreamServerError,
     /// The upstream closed a response midway.
     UpstreamDropped,
+    /// The upstream's answer could not be read as its API's response (a
+    /// translated call needs a valid Chat Completions body).
+    UpstreamInvalid,
     /// The upstream's stream carried an error event.
     UpstreamStreamError,
     /// The stream lasted longer than `server.max_stream_secs`.
@@ -124,7 +131,7 @@ pub enum FailureClass {
 }
 
 impl FailureClass {
-    pub const ALL: [FailureClass; 14] = [
+    pub const ALL: [FailureClass; 15] = [
         Self::BadRequest,
         Self::BodyTooLarge,
         Self::Unauthorized,
@@ -134,6 +141,7 @@ impl FailureClass {
         Self::UpstreamClientError,
         Self::UpstreamServerError,
         Self::UpstreamDropped,
+        Self::UpstreamInvalid,
         Self::UpstreamStreamError,
         Self::StreamTimeout,
         Self::ClientDisconnected,
@@ -152,6 +160,7 @@ impl FailureClass {
             Self::UpstreamClientError => "upstream_client_error",
             Self::UpstreamServerError => "upstream_server_error",
             Self::UpstreamDropped => "upstream_dropped",
+            Self::UpstreamInvalid => "upstream_invalid",
             Self::UpstreamStreamError => "upstream_stream_error",
             Self::StreamTimeout => "stream_timeout",
             Self::ClientDisconnected => "client_disconnected",
@@ -196,6 +205,9 @@ pub struct CompletedCall {
     /// The response body exactly as the harness received it (a whole SSE
     /// stream for streaming calls).
     pub response: Bytes,
+    /// The upstream's response body, when it differs from `response`
+    /// (translated, or with token-capture fields removed).
+    pub upstream_response: Option<Bytes>,
 }
 
 /// Live counters, read by `/metrics`.
@@ -214,6 +226,7 @@ pub(crate) enum WalMsg {
     End {
         outcome: CallOutcome,
         response: Bytes,
+        upstream_response: Option<Bytes>,
         ack: oneshot::Sender<Result<(), RecordError>>,
     },
     Finish {
@@ -270,12 +283,18 @@ impl Recorder {
     }
 
     /// Log a call's end and wait until it is in the WAL.
-    pub async fn end(&self, outcome: CallOutcome, response: Bytes) -> Result<(), RecordError> {
+    pub async fn end(
+        &self,
+        outcome: CallOutcome,
+        response: Bytes,
+        upstream_response: Option<Bytes>,
+    ) -> Result<(), RecordError> {
         let (ack, done) = oneshot::channel();
         self.tx
             .send(WalMsg::End {
                 outcome,
                 response,
+                upstream_response,
                 ack,
             })
             .await

@@ -117,7 +117,7 @@ pub fn recover(cfg: &ShardConfig) -> Result<Recovered, RecordError> {
     })?;
 
     let mut begins: Vec<Arc<CallBegin>> = Vec::new();
-    let mut ends: HashMap<String, (CallOutcome, Bytes)> = HashMap::new();
+    let mut ends: HashMap<String, (CallOutcome, Bytes, Option<Bytes>)> = HashMap::new();
     let mut finishes: Vec<RolloutFinish> = Vec::new();
     let mut last_time = 0i64;
     for &seg in &segments {
@@ -134,9 +134,9 @@ pub fn recover(cfg: &ShardConfig) -> Result<Recovered, RecordError> {
                 upstream_request,
             }));
         }
-        for (o, resp) in contents.ends {
+        for (o, resp, up) in contents.ends {
             last_time = last_time.max(o.done_at);
-            ends.insert(o.call_id.clone(), (o, resp));
+            ends.insert(o.call_id.clone(), (o, resp, up));
         }
         finishes.extend(contents.finishes);
     }
@@ -149,7 +149,7 @@ pub fn recover(cfg: &ShardConfig) -> Result<Recovered, RecordError> {
         if known_calls.contains(&m.call_id) {
             continue;
         }
-        let (outcome, response) = ends.remove(&m.call_id).unwrap_or_else(|| {
+        let (outcome, response, upstream_response) = ends.remove(&m.call_id).unwrap_or_else(|| {
             out.incomplete_calls += 1;
             (
                 CallOutcome {
@@ -162,12 +162,14 @@ pub fn recover(cfg: &ShardConfig) -> Result<Recovered, RecordError> {
                     done_at: last_time.max(m.received_at),
                 },
                 Bytes::new(),
+                None,
             )
         });
         rows.push(CallRow::build(&CompletedCall {
             begin: begin.clone(),
             outcome,
             response,
+            upstream_response,
         }));
     }
     out.replayed_calls = rows.len();

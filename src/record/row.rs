@@ -43,6 +43,10 @@ pub struct CallRow {
     pub prompt_logprobs: Option<Vec<f64>>,
     pub completion_logprobs: Option<Vec<f64>>,
     pub user_agent: Option<String>,
+    /// The API spoken to the upstream when rollcall translated the call.
+    pub upstream_api: Option<String>,
+    /// The upstream's response bytes when they differ from `response_raw`.
+    pub upstream_response_raw: Option<Vec<u8>>,
 }
 
 fn json_text(v: &Value) -> Option<String> {
@@ -67,6 +71,15 @@ impl CallRow {
                 api.assemble(&c.response, m.stream)
             }
             _ => Assembled::default(),
+        };
+        // Token ids and logprobs come from the upstream's own answer: a
+        // translated or stripped response no longer carries them.
+        let upstream_api = m.upstream_api.as_deref().and_then(WireApi::parse).or(api);
+        let tokens = match (&c.upstream_response, upstream_api) {
+            (Some(up), Some(uapi)) if o.http_status.is_some_and(|s| s < 400) => {
+                uapi.assemble(up, m.stream).tokens
+            }
+            _ => assembled.tokens.clone(),
         };
         // The upstream's own words about an error event inside a stream.
         let failure_message = match (&o.failure_message, &assembled.error) {
@@ -116,12 +129,14 @@ impl CallRow {
             total_tokens: assembled.usage.total,
             cached_tokens: assembled.usage.cached,
             reasoning_tokens: assembled.usage.reasoning,
-            token_capture: assembled.tokens.capture().into(),
-            prompt_token_ids: assembled.tokens.prompt_ids,
-            completion_token_ids: assembled.tokens.completion_ids,
-            prompt_logprobs: assembled.tokens.prompt_logprobs,
-            completion_logprobs: assembled.tokens.completion_logprobs,
+            token_capture: tokens.capture().into(),
+            prompt_token_ids: tokens.prompt_ids,
+            completion_token_ids: tokens.completion_ids,
+            prompt_logprobs: tokens.prompt_logprobs,
+            completion_logprobs: tokens.completion_logprobs,
             user_agent: m.user_agent.clone(),
+            upstream_api: m.upstream_api.clone(),
+            upstream_response_raw: c.upstream_response.as_ref().map(|b| b.to_vec()),
         }
     }
 }

@@ -75,6 +75,7 @@ impl ShardRow for CallRow {
         "response_message",
         "tool_calls",
         "failure_message",
+        "upstream_response_raw",
     ];
 
     fn schema() -> SchemaRef {
@@ -126,6 +127,8 @@ impl ShardRow for CallRow {
                     f("prompt_logprobs", list_of(DataType::Float64), true),
                     f("completion_logprobs", list_of(DataType::Float64), true),
                     f("user_agent", DataType::Utf8, true),
+                    f("upstream_api", DataType::Utf8, true),
+                    f("upstream_response_raw", DataType::Binary, true),
                 ],
                 meta.into_iter()
                     .collect::<std::collections::HashMap<String, String>>(),
@@ -186,6 +189,10 @@ impl ShardRow for CallRow {
             fl(|r| r.prompt_logprobs.as_ref()),
             fl(|r| r.completion_logprobs.as_ref()),
             strs(rows.iter().map(|r| r.user_agent.as_deref())),
+            strs(rows.iter().map(|r| r.upstream_api.as_deref())),
+            Arc::new(BinaryArray::from_iter(
+                rows.iter().map(|r| r.upstream_response_raw.as_deref()),
+            )),
         ];
         RecordBatch::try_new(Self::schema(), cols).expect("columns match the calls schema")
     }
@@ -195,6 +202,7 @@ impl ShardRow for CallRow {
             + self.upstream_request.as_ref().map_or(0, String::len)
             + self.response.as_ref().map_or(0, String::len)
             + self.response_raw.as_ref().map_or(0, Vec::len)
+            + self.upstream_response_raw.as_ref().map_or(0, Vec::len)
             + self.messages.as_ref().map_or(0, String::len)
             + self.response_message.as_ref().map_or(0, String::len)
             + self.tools.as_ref().map_or(0, String::len)

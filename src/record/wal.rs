@@ -33,7 +33,7 @@ const FIXED: usize = 4 + 1 + 4 + 4 + 4 + 4;
 pub enum Kind {
     /// header: `CallMeta`; a: request; b: upstream request (may be empty)
     Begin = 1,
-    /// header: `CallOutcome`; a: response body
+    /// header: `CallOutcome`; a: response body; b: upstream response (may be empty)
     End = 2,
     /// header: `RolloutFinish`
     Finish = 3,
@@ -294,10 +294,12 @@ fn run(
                 WalMsg::End {
                     outcome,
                     response,
+                    upstream_response,
                     ack,
                 } => {
                     let header = serde_json::to_vec(&outcome).unwrap_or_default();
-                    encode(&mut buf, Kind::End, &header, &response, &[]);
+                    let up = upstream_response.as_deref().unwrap_or(&[]);
+                    encode(&mut buf, Kind::End, &header, &response, up);
                     match w.pending.remove(&outcome.call_id) {
                         Some((seg, begin)) => forward.push(ShardItem::Call {
                             segment: seg,
@@ -305,6 +307,7 @@ fn run(
                                 begin,
                                 outcome,
                                 response,
+                                upstream_response,
                             },
                         }),
                         None => {
@@ -376,7 +379,7 @@ fn write_out(w: &mut Writer, buf: &[u8]) -> std::io::Result<()> {
 /// What one segment holds, decoded.
 pub struct SegmentContents {
     pub begins: Vec<(CallMeta, Bytes, Option<Bytes>)>,
-    pub ends: Vec<(super::CallOutcome, Bytes)>,
+    pub ends: Vec<(super::CallOutcome, Bytes, Option<Bytes>)>,
     pub finishes: Vec<RolloutFinish>,
     pub clean: bool,
 }
@@ -400,7 +403,8 @@ pub fn read_segment(path: &Path) -> std::io::Result<SegmentContents> {
             }
             Kind::End => {
                 if let Ok(o) = serde_json::from_slice(&f.header) {
-                    out.ends.push((o, Bytes::from(f.a)));
+                    let up = (!f.b.is_empty()).then(|| Bytes::from(f.b));
+                    out.ends.push((o, Bytes::from(f.a), up));
                 }
             }
             Kind::Finish => {

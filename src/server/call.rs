@@ -10,7 +10,9 @@ use super::metrics::{ApiLabel, CallLabels, ClassLabel};
 use super::routes::error_response;
 use super::State;
 use crate::config::Untagged;
+use crate::dialect::sse;
 use crate::dialect::terminal::Detector;
+use crate::dialect::translate::{self, StreamTranslator};
 use crate::dialect::{ApiError, WireApi};
 use crate::record::{CallBegin, CallMeta, CallOutcome, CallStatus, FailureClass};
 use crate::upstream::{error_chain, Route, UpstreamError};
@@ -135,6 +137,8 @@ struct Call {
     started: Instant,
     first_byte_at: Option<i64>,
     began: bool,
+    /// The upstream's body, recorded beside the harness's when they differ.
+    upstream_response: Option<Bytes>,
 }
 
 impl Call {
@@ -193,7 +197,8 @@ impl Call {
             first_byte_at: self.first_byte_at,
             done_at: crate::now_micros(),
         };
-        if let Err(e) = self.state.recorder.end(outcome, response).await {
+        let upstream = self.upstream_response.take();
+        if let Err(e) = self.state.recorder.end(outcome, response, upstream).await {
             tracing::error!(error = %e, call_id = %self.begin.meta.call_id, "could not record call");
         }
     }
@@ -304,6 +309,7 @@ pub async fn proxy(
         stream: false,
         received_at,
         user_agent,
+        upstream_api: None,
     };
     let max = state.config.server.max_body_bytes;
     let read = Limited::new(body, max)
@@ -321,6 +327,7 @@ pub async fn proxy(
         started,
         first_byte_at: None,
         began: false,
+        upstream_response: None,
     };
     let request = match read {
         Ok(b) => b,
@@ -386,9 +393,57 @@ pub async fn proxy(
     };
     meta.route = Some(route.name.clone());
     let upstream_model = model.as_deref().map(|m| route.upstream_model(m).to_owned());
-    let upstream_request = match (&model, &upstream_model) {
-        (Some(m), Some(u)) if m != u => rewrite_model(&request, u),
-        _ => None,
+    let Some(target) = route.plan(api) else {
+        let err = ApiError::new(
+            400,
+            "invalid_request_error",
+            "unsupported_api",
+            format!(
+                "route {:?} serves {} and cannot take a {} call",
+                route.name,
+                route.api_names(),
+                api.as_str()
+            ),
+        );
+        return bad(meta, request).fail(FailureClass::BadRequest, err).await;
+    };
+    let translated = target != api;
+    let (upstream_request, endpoint) = if translated {
+        let parsed: serde_json::Value = serde_json::from_slice(&request).unwrap_or_default();
+        match translate::to_chat(api, &parsed, route.unsupported) {
+            Ok(mut t) => {
+                if !t.dropped.is_empty() {
+                    tracing::warn!(
+                        call_id = %meta.call_id,
+                        rollout = %meta.rollout_id,
+                        route = %route.name,
+                        dropped = ?t.dropped,
+                        "left out of the request translated to Chat Completions"
+                    );
+                }
+                if let Some(u) = &upstream_model {
+                    t.request["model"] = serde_json::json!(u);
+                }
+                meta.upstream_api = Some(target.as_str().into());
+                let body = serde_json::to_vec(&t.request).unwrap_or_default();
+                (Some(Bytes::from(body)), target.endpoint().to_owned())
+            }
+            Err(e) => {
+                let err = ApiError::new(
+                    400,
+                    "invalid_request_error",
+                    "untranslatable",
+                    e.to_string(),
+                );
+                return bad(meta, request).fail(FailureClass::BadRequest, err).await;
+            }
+        }
+    } else {
+        let rewritten = match (&model, &upstream_model) {
+            (Some(m), Some(u)) if m != u => rewrite_model(&request, u),
+            _ => None,
+        };
+        (rewritten, endpoint)
     };
     meta.upstream_model = upstream_model;
     let mut call = Call {
@@ -402,9 +457,20 @@ pub async fn proxy(
         started,
         first_byte_at: None,
         began: false,
+        upstream_response: None,
     };
     call.log_begin().await;
-    let headers = upstream_headers(&parts.headers, state.client_keys.is_some());
+    let mut headers = upstream_headers(&parts.headers, state.client_keys.is_some());
+    if translated {
+        // A Chat Completions server takes its key as a Bearer token.
+        if let Some(k) = headers.remove("x-api-key") {
+            if !headers.contains_key(header::AUTHORIZATION) {
+                if let Ok(v) = http::HeaderValue::from_bytes(&[b"Bearer ", k.as_bytes()].concat()) {
+                    headers.insert(header::AUTHORIZATION, v);
+                }
+            }
+        }
+    }
     let body = upstream_request.unwrap_or(request);
     let resp = match route.send(Method::POST, &endpoint, headers, body).await {
         Ok(r) => r,
@@ -439,7 +505,16 @@ pub async fn proxy(
     if is_sse && status.is_success() {
         let (tx, rx) = mpsc::channel(64);
         *out.body_mut() = ProxyBody::Stream(rx);
-        tokio::spawn(pump(call, route, resp, tx, in_flight));
+        let source = Source {
+            resp,
+            translate: translated.then(|| Translating {
+                parser: sse::Parser::default(),
+                translator: StreamTranslator::new(api),
+                upstream: BytesMut::new(),
+                flushed: false,
+            }),
+        };
+        tokio::spawn(pump(call, route, source, tx, in_flight));
         return out;
     }
     // A whole body: read it, record it, then release it.
@@ -456,6 +531,25 @@ pub async fn proxy(
         }
     };
     if status.is_success() {
+        let body = if translated {
+            let Ok(chat) = serde_json::from_slice::<serde_json::Value>(&body) else {
+                let msg =
+                    "the upstream answered 200 with a body that is not a Chat Completions object"
+                        .to_owned();
+                call.upstream_response = Some(body);
+                let err = ApiError::new(502, "server_error", "upstream_invalid", msg);
+                return call.fail(FailureClass::UpstreamInvalid, err).await;
+            };
+            let answer = translate::response_from_chat(api, &chat);
+            call.upstream_response = Some(body);
+            out.headers_mut().insert(
+                header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            Bytes::from(serde_json::to_vec(&answer).unwrap_or_default())
+        } else {
+            body
+        };
         call.end(CallStatus::Ok, status.as_u16(), None, body.clone())
             .await;
         *out.body_mut() = ProxyBody::full(body);
@@ -472,7 +566,10 @@ pub async fn proxy(
     // format; otherwise wrap it.
     let passthrough = serde_json::from_slice::<serde_json::Value>(&body)
         .ok()
-        .is_some_and(|v| v.get("error").is_some());
+        .is_some_and(|v| api.is_error_body(&v));
+    if !passthrough {
+        call.upstream_response = Some(body.clone());
+    }
     let body = if passthrough {
         body
     } else {
@@ -580,11 +677,64 @@ fn stream_verdict(d: &Detector, terminal: bool) -> (CallStatus, Option<(FailureC
     }
 }
 
+/// A stream being translated from Chat Completions chunks.
+struct Translating {
+    parser: sse::Parser,
+    translator: StreamTranslator,
+    /// The upstream's bytes, for the record.
+    upstream: BytesMut,
+    flushed: bool,
+}
+
+/// Where a stream's chunks come from: the upstream's body, translated into
+/// the harness's API on the way when the call needs it.
+struct Source {
+    resp: reqwest::Response,
+    translate: Option<Translating>,
+}
+
+impl Source {
+    async fn chunk(&mut self) -> Result<Option<Bytes>, reqwest::Error> {
+        let Some(t) = &mut self.translate else {
+            return self.resp.chunk().await;
+        };
+        let mut events = Vec::new();
+        loop {
+            match self.resp.chunk().await? {
+                Some(c) => {
+                    t.upstream.extend_from_slice(&c);
+                    t.parser.feed(&c, &mut events);
+                }
+                None if t.flushed => return Ok(None),
+                None => {
+                    t.flushed = true;
+                    t.parser.finish(&mut events);
+                }
+            }
+            let out: Vec<u8> = events
+                .drain(..)
+                .flat_map(|e| t.translator.feed(&e))
+                .collect();
+            if !out.is_empty() {
+                return Ok(Some(Bytes::from(out)));
+            }
+            if t.flushed {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// The upstream's bytes so far, when they differ from what the harness got.
+    fn upstream(&mut self) -> Option<Bytes> {
+        self.translate.as_mut().map(|t| t.upstream.split().freeze())
+    }
+}
+
 /// Forward a stream chunk by chunk, collecting a copy for the record.
 async fn pump(
     mut call: Call,
     route: Arc<Route>,
-    mut resp: reqwest::Response,
+    mut resp: Source,
     tx: mpsc::Sender<Chunk>,
     in_flight: InFlight,
 ) {
@@ -618,14 +768,17 @@ async fn pump(
                 if detector.feed(&chunk) {
                     recorded = true;
                     if tx.is_closed() {
+                        call.upstream_response = resp.upstream();
                         call.client_gone(collected.split().freeze()).await;
                         return;
                     }
                     let (status, failure) = stream_verdict(&detector, true);
+                    call.upstream_response = resp.upstream();
                     call.end(status, 200, failure, collected.split().freeze())
                         .await;
                 }
                 if tx.send(Ok(chunk)).await.is_err() && !recorded {
+                    call.upstream_response = resp.upstream();
                     call.client_gone(collected.freeze()).await;
                     return;
                 }
@@ -633,12 +786,14 @@ async fn pump(
             Next::End => {
                 if !recorded {
                     let (status, failure) = stream_verdict(&detector, false);
+                    call.upstream_response = resp.upstream();
                     call.end(status, 200, failure, collected.freeze()).await;
                 }
                 return;
             }
             Next::ClientGone => {
                 if !recorded {
+                    call.upstream_response = resp.upstream();
                     call.client_gone(collected.freeze()).await;
                 }
                 return;
@@ -659,6 +814,7 @@ async fn pump(
                     msg.clone(),
                 )));
                 collected.extend_from_slice(&event);
+                call.upstream_response = resp.upstream();
                 call.end(
                     CallStatus::Failed,
                     200,

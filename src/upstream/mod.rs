@@ -4,7 +4,9 @@
 
 pub mod scripted;
 
-use crate::config::{Config, ConfigError, RouteConfig};
+use crate::config::{Config, ConfigError, RouteConfig, RouteKind};
+use crate::dialect::translate::Unsupported;
+use crate::dialect::WireApi;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method};
 use std::collections::BTreeMap;
@@ -38,6 +40,10 @@ pub struct Route {
     connect_retries: u32,
     pub response_timeout: Duration,
     pub idle_timeout: Duration,
+    pub kind: RouteKind,
+    /// Wire APIs the upstream serves natively.
+    apis: Vec<WireApi>,
+    pub unsupported: Unsupported,
 }
 
 impl Route {
@@ -66,16 +72,22 @@ impl Route {
             .build()
             .map_err(|e| ConfigError::Invalid(format!("route {:?}: {e}", c.name)))?;
         let base_url = c.url.trim_end_matches('/').to_owned();
-        let endpoint_urls = ["/chat/completions", "/responses", "/completions", "/models"]
-            .into_iter()
-            .map(|e| {
-                reqwest::Url::parse(&format!("{base_url}{e}"))
-                    .map(|u| (e, u))
-                    .map_err(|err| {
-                        ConfigError::Invalid(format!("route {:?}: url {:?}: {err}", c.name, c.url))
-                    })
-            })
-            .collect::<Result<_, _>>()?;
+        let endpoint_urls = [
+            "/chat/completions",
+            "/responses",
+            "/completions",
+            "/messages",
+            "/models",
+        ]
+        .into_iter()
+        .map(|e| {
+            reqwest::Url::parse(&format!("{base_url}{e}"))
+                .map(|u| (e, u))
+                .map_err(|err| {
+                    ConfigError::Invalid(format!("route {:?}: url {:?}: {err}", c.name, c.url))
+                })
+        })
+        .collect::<Result<_, _>>()?;
         Ok(Self {
             name: c.name.clone(),
             endpoint_urls,
@@ -87,7 +99,37 @@ impl Route {
             connect_retries: c.connect_retries,
             response_timeout: Duration::from_secs_f64(c.response_timeout_secs),
             idle_timeout: Duration::from_secs_f64(c.idle_timeout_secs),
+            kind: c.kind,
+            apis: match &c.apis {
+                Some(names) => names.iter().filter_map(|n| WireApi::parse(n)).collect(),
+                None => c.kind.apis().to_vec(),
+            },
+            unsupported: c.unsupported,
         })
+    }
+
+    /// The API to speak upstream for a call in `api`: the same one when the
+    /// upstream serves it, Chat Completions when the call can be translated
+    /// to it, else `None`.
+    pub fn plan(&self, api: WireApi) -> Option<WireApi> {
+        if self.apis.contains(&api) {
+            Some(api)
+        } else if matches!(api, WireApi::Responses | WireApi::Messages)
+            && self.apis.contains(&WireApi::ChatCompletions)
+        {
+            Some(WireApi::ChatCompletions)
+        } else {
+            None
+        }
+    }
+
+    /// The wire APIs the upstream serves natively, for error messages.
+    pub fn api_names(&self) -> String {
+        self.apis
+            .iter()
+            .map(|a| a.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     fn serves(&self, model: &str) -> bool {
@@ -128,9 +170,16 @@ impl Route {
         if let Some(key) = &self.api_key {
             headers.remove(http::header::AUTHORIZATION);
             headers.remove("x-api-key");
-            if let Ok(v) = HeaderValue::from_str(&format!("Bearer {key}")) {
+            if self.kind == RouteKind::Anthropic {
+                if let Ok(v) = HeaderValue::from_str(key) {
+                    headers.insert("x-api-key", v);
+                }
+            } else if let Ok(v) = HeaderValue::from_str(&format!("Bearer {key}")) {
                 headers.insert(http::header::AUTHORIZATION, v);
             }
+        }
+        if self.kind == RouteKind::Anthropic && !headers.contains_key("anthropic-version") {
+            headers.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
         }
         let url = match self.endpoint_urls.iter().find(|(e, _)| *e == endpoint) {
             Some((_, u)) => u.clone(),
