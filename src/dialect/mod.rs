@@ -7,6 +7,7 @@ pub mod completions;
 pub mod responses;
 pub mod sse;
 pub mod terminal;
+pub mod tokens;
 
 use serde_json::{json, Value};
 
