@@ -1,7 +1,7 @@
 //! OpenAI Chat Completions: assemble a chunk stream into one
 //! `chat.completion`, and read the fields a trainer needs from it.
 
-use super::{ids, int_at, push_str, sse::Event, Assembled, StreamOutcome, Tokens, Usage};
+use super::{int_at, push_str, sse::Event, tokens, Assembled, StreamOutcome, Usage, WireApi};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 
@@ -15,6 +15,7 @@ struct ChoiceAcc {
     finish_reason: Option<Value>,
     logprobs: Vec<Value>,
     token_ids: Option<Vec<Value>>,
+    prompt_token_ids: Option<Value>,
 }
 
 #[derive(Default)]
@@ -62,6 +63,16 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
         for key in ["prompt_token_ids", "prompt_logprobs"] {
             if let Some(v) = chunk.get(key).filter(|v| !v.is_null()) {
                 extra.insert(key.into(), v.clone());
+            }
+        }
+        // SGLang's response-level extension (token ids arrive in a final
+        // `choices: []` chunk): fields from every chunk, merged.
+        if let Some(ext) = chunk.get("sglext").and_then(Value::as_object) {
+            let merged = extra
+                .entry("sglext")
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Some(m) = merged.as_object_mut() {
+                m.extend(ext.iter().map(|(k, v)| (k.clone(), v.clone())));
             }
         }
         if let Some(u) = chunk.get("usage").filter(|u| !u.is_null()) {
@@ -118,6 +129,9 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
                     .get_or_insert_with(Vec::new)
                     .extend(t.iter().cloned());
             }
+            if let Some(p) = c.get("prompt_token_ids").filter(|p| !p.is_null()) {
+                acc.prompt_token_ids.get_or_insert_with(|| p.clone());
+            }
         }
     }
     if !seen {
@@ -163,6 +177,9 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
             if let Some(t) = a.token_ids {
                 choice["token_ids"] = Value::Array(t);
             }
+            if let Some(p) = a.prompt_token_ids {
+                choice["prompt_token_ids"] = p;
+            }
             choice
         })
         .collect();
@@ -187,7 +204,7 @@ pub fn extract(resp: &Value, out: &mut Assembled) {
         .and_then(Value::as_str)
         .map(str::to_owned);
     out.usage = usage(resp.get("usage").unwrap_or(&Value::Null));
-    out.tokens = tokens(resp, choice);
+    out.tokens = tokens::read(WireApi::ChatCompletions, resp);
 }
 
 pub(crate) fn usage(u: &Value) -> Usage {
@@ -197,27 +214,6 @@ pub(crate) fn usage(u: &Value) -> Usage {
         total: int_at(u, &["total_tokens"]),
         cached: int_at(u, &["prompt_tokens_details", "cached_tokens"]),
         reasoning: int_at(u, &["completion_tokens_details", "reasoning_tokens"]),
-    }
-}
-
-/// Token ids and logprobs in the shapes vLLM and SGLang return them.
-fn tokens(resp: &Value, choice: Option<&Value>) -> Tokens {
-    let logprobs = choice
-        .and_then(|c| c.pointer("/logprobs/content"))
-        .and_then(Value::as_array)
-        .map(|lp| {
-            lp.iter()
-                .map(|t| t.get("logprob").and_then(Value::as_f64).unwrap_or(f64::NAN))
-                .collect()
-        });
-    let prompt_ids = ids(resp.get("prompt_token_ids"))
-        .or_else(|| ids(choice.and_then(|c| c.get("prompt_token_ids"))));
-    let completion_ids = ids(choice.and_then(|c| c.get("token_ids")));
-    Tokens {
-        prompt_ids,
-        completion_ids,
-        prompt_logprobs: None,
-        completion_logprobs: logprobs,
     }
 }
 

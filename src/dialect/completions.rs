@@ -1,6 +1,6 @@
 //! OpenAI legacy Completions: assemble a stream into one `text_completion`.
 
-use super::{chat, ids, sse::Event, Assembled, StreamOutcome, Tokens};
+use super::{chat, sse::Event, tokens, Assembled, StreamOutcome, WireApi};
 use serde_json::{json, Map, Value};
 
 pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
@@ -11,6 +11,7 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
     let mut lp_tokens: Vec<Value> = Vec::new();
     let mut lp_values: Vec<Value> = Vec::new();
     let mut token_ids: Option<Vec<Value>> = None;
+    let mut choice_extra = Map::new();
     let mut error = None;
     let mut seen = false;
     for ev in events {
@@ -65,6 +66,12 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
                     .get_or_insert_with(Vec::new)
                     .extend(t.iter().cloned());
             }
+            // vLLM and SGLang put prompt ids on the choice of the first chunk.
+            for key in ["prompt_token_ids", "prompt_logprobs"] {
+                if let Some(v) = c.get(key).filter(|v| !v.is_null()) {
+                    choice_extra.entry(key).or_insert_with(|| v.clone());
+                }
+            }
         }
     }
     if !seen {
@@ -80,6 +87,9 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
     }
     if let Some(t) = token_ids {
         choice["token_ids"] = Value::Array(t);
+    }
+    if let Some(c) = choice.as_object_mut() {
+        c.extend(choice_extra);
     }
     let mut obj = head;
     obj.insert("object".into(), json!("text_completion"));
@@ -103,14 +113,5 @@ pub fn extract(resp: &Value, out: &mut Assembled) {
         .and_then(Value::as_str)
         .map(str::to_owned);
     out.usage = chat::usage(resp.get("usage").unwrap_or(&Value::Null));
-    out.tokens = Tokens {
-        prompt_ids: ids(resp.get("prompt_token_ids"))
-            .or_else(|| ids(choice.and_then(|c| c.get("prompt_token_ids")))),
-        completion_ids: ids(choice.and_then(|c| c.get("token_ids"))),
-        prompt_logprobs: None,
-        completion_logprobs: choice
-            .and_then(|c| c.pointer("/logprobs/token_logprobs"))
-            .and_then(Value::as_array)
-            .map(|a| a.iter().map(|v| v.as_f64().unwrap_or(f64::NAN)).collect()),
-    };
+    out.tokens = tokens::read(WireApi::Completions, resp);
 }

@@ -8,6 +8,7 @@ pub mod messages;
 pub mod responses;
 pub mod sse;
 pub mod terminal;
+pub mod tokens;
 pub mod translate;
 
 use serde_json::{json, Value};

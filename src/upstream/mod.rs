@@ -2,6 +2,7 @@
 //! takes it there. Connection errors are retried; nothing else is (a model
 //! call is not idempotent once the server has seen it).
 
+pub mod capture;
 pub mod scripted;
 
 use crate::config::{Config, ConfigError, RouteConfig, RouteKind};
