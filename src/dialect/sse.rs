@@ -8,6 +8,22 @@ pub struct Event {
     pub data: String,
 }
 
+/// Write `ev` back as SSE: its `event:` line, one `data:` line per line of
+/// data, and the blank line that dispatches it.
+pub fn write_event(ev: &Event, out: &mut Vec<u8>) {
+    if let Some(e) = &ev.event {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(e.as_bytes());
+        out.push(b'\n');
+    }
+    for line in ev.data.split('\n') {
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(line.as_bytes());
+        out.push(b'\n');
+    }
+    out.push(b'\n');
+}
+
 /// Incremental SSE parser (WHATWG event-stream rules: `\n`, `\r\n` or `\r`
 /// line ends; `data` lines joined with `\n`; comments ignored).
 #[derive(Debug, Default)]

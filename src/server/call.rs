@@ -15,6 +15,7 @@ use crate::dialect::terminal::Detector;
 use crate::dialect::translate::{self, StreamTranslator};
 use crate::dialect::{ApiError, WireApi};
 use crate::record::{CallBegin, CallMeta, CallOutcome, CallStatus, FailureClass};
+use crate::upstream::capture::{self, Asked, CaptureKind, ChunkFate};
 use crate::upstream::{error_chain, Route, UpstreamError};
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderMap, Method, Request, Response, StatusCode};
@@ -445,6 +446,28 @@ pub async fn proxy(
         };
         (rewritten, endpoint)
     };
+    // vLLM and SGLang routes: ask for token ids and logprobs.
+    let mut strip: Option<(CaptureKind, WireApi, Asked)> = None;
+    let upstream_request = match route.capture.filter(|_| capture::applies(target)) {
+        Some(kind) => {
+            let base = upstream_request.clone().unwrap_or_else(|| request.clone());
+            match serde_json::from_slice::<serde_json::Value>(&base) {
+                Ok(serde_json::Value::Object(mut m)) => {
+                    match capture::prepare(kind, target, &mut m) {
+                        Ok(asked) => {
+                            strip = Some((kind, target, asked));
+                            let body = serde_json::to_vec(&serde_json::Value::Object(m))
+                                .unwrap_or_default();
+                            Some(Bytes::from(body))
+                        }
+                        Err(_) => upstream_request,
+                    }
+                }
+                _ => upstream_request,
+            }
+        }
+        None => upstream_request,
+    };
     meta.upstream_model = upstream_model;
     let mut call = Call {
         state: state.clone(),
@@ -505,15 +528,14 @@ pub async fn proxy(
     if is_sse && status.is_success() {
         let (tx, rx) = mpsc::channel(64);
         *out.body_mut() = ProxyBody::Stream(rx);
-        let source = Source {
-            resp,
-            translate: translated.then(|| Translating {
-                parser: sse::Parser::default(),
-                translator: StreamTranslator::new(api),
-                upstream: BytesMut::new(),
-                flushed: false,
-            }),
-        };
+        let stage = (translated || strip.is_some()).then(|| Stage {
+            parser: sse::Parser::default(),
+            translator: translated.then(|| StreamTranslator::new(api)),
+            strip,
+            upstream: BytesMut::new(),
+            flushed: false,
+        });
+        let source = Source { resp, stage };
         tokio::spawn(pump(call, route, source, tx, in_flight));
         return out;
     }
@@ -547,6 +569,15 @@ pub async fn proxy(
                 http::HeaderValue::from_static("application/json"),
             );
             Bytes::from(serde_json::to_vec(&answer).unwrap_or_default())
+        } else if let Some((kind, target, asked)) = &strip {
+            match serde_json::from_slice::<serde_json::Value>(&body) {
+                Ok(mut v) => {
+                    capture::strip(*kind, *target, asked, &mut v);
+                    call.upstream_response = Some(body);
+                    Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
+                }
+                Err(_) => body,
+            }
         } else {
             body
         };
@@ -677,25 +708,47 @@ fn stream_verdict(d: &Detector, terminal: bool) -> (CallStatus, Option<(FailureC
     }
 }
 
-/// A stream being translated from Chat Completions chunks.
-struct Translating {
+/// A stream the proxy changes on its way: token-capture fields taken out,
+/// and/or Chat Completions chunks translated into the harness's API.
+struct Stage {
     parser: sse::Parser,
-    translator: StreamTranslator,
+    translator: Option<StreamTranslator>,
+    strip: Option<(CaptureKind, WireApi, Asked)>,
     /// The upstream's bytes, for the record.
     upstream: BytesMut,
     flushed: bool,
 }
 
-/// Where a stream's chunks come from: the upstream's body, translated into
-/// the harness's API on the way when the call needs it.
+impl Stage {
+    /// The bytes one upstream event becomes for the harness.
+    fn event(&mut self, mut ev: sse::Event, out: &mut Vec<u8>) {
+        if let Some((kind, api, asked)) = &self.strip {
+            if ev.data != "[DONE]" {
+                if let Ok(mut v) = serde_json::from_str::<serde_json::Value>(&ev.data) {
+                    if capture::strip_chunk(*kind, *api, asked, &mut v) == ChunkFate::Drop {
+                        return;
+                    }
+                    ev.data = v.to_string();
+                }
+            }
+        }
+        match &mut self.translator {
+            Some(t) => out.extend(t.feed(&ev)),
+            None => sse::write_event(&ev, out),
+        }
+    }
+}
+
+/// Where a stream's chunks come from: the upstream's body, through a
+/// [`Stage`] when the call needs one.
 struct Source {
     resp: reqwest::Response,
-    translate: Option<Translating>,
+    stage: Option<Stage>,
 }
 
 impl Source {
     async fn chunk(&mut self) -> Result<Option<Bytes>, reqwest::Error> {
-        let Some(t) = &mut self.translate else {
+        let Some(t) = &mut self.stage else {
             return self.resp.chunk().await;
         };
         let mut events = Vec::new();
@@ -711,10 +764,10 @@ impl Source {
                     t.parser.finish(&mut events);
                 }
             }
-            let out: Vec<u8> = events
-                .drain(..)
-                .flat_map(|e| t.translator.feed(&e))
-                .collect();
+            let mut out = Vec::new();
+            for e in events.drain(..) {
+                t.event(e, &mut out);
+            }
             if !out.is_empty() {
                 return Ok(Some(Bytes::from(out)));
             }
@@ -726,7 +779,7 @@ impl Source {
 
     /// The upstream's bytes so far, when they differ from what the harness got.
     fn upstream(&mut self) -> Option<Bytes> {
-        self.translate.as_mut().map(|t| t.upstream.split().freeze())
+        self.stage.as_mut().map(|t| t.upstream.split().freeze())
     }
 }
 

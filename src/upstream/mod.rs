@@ -45,6 +45,9 @@ pub struct Route {
     /// Wire APIs the upstream serves natively.
     apis: Vec<WireApi>,
     pub unsupported: Unsupported,
+    /// How to ask the upstream for token ids and logprobs, for vLLM and
+    /// SGLang routes.
+    pub capture: Option<capture::CaptureKind>,
 }
 
 impl Route {
@@ -106,6 +109,11 @@ impl Route {
                 None => c.kind.apis().to_vec(),
             },
             unsupported: c.unsupported,
+            capture: match c.kind {
+                RouteKind::Vllm => Some(capture::CaptureKind::Vllm),
+                RouteKind::Sglang => Some(capture::CaptureKind::Sglang),
+                _ => None,
+            },
         })
     }
 

@@ -182,3 +182,69 @@ def test_a_call_the_route_cannot_take_is_refused_clearly(make_proxy, upstream):
     assert resp.status == 400
     assert resp.json()["error"]["code"] == "unsupported_api"
     assert "serves messages" in resp.json()["error"]["message"]
+
+
+def vllm_route(upstream: str) -> str:
+    return f"""
+[shards]
+max_age_secs = 0.2
+[[routes]]
+name = "vllm"
+url = "{upstream}/v1"
+kind = "vllm"
+"""
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_vllm_route_captures_tokens_the_harness_did_not_ask_for(stream, make_proxy, upstream):
+    """The scripted upstream answers `return_token_ids` and `logprobs` in
+    vLLM's documented shapes (token ids are byte values of the text)."""
+    proxy = make_proxy(toml=vllm_route(upstream))
+    rollout = f"tok-{stream}"
+    client = h.sdk_client(f"{proxy.url}/rollouts/{rollout}/v1")
+    msgs = [{"role": "user", "content": "tokens please"}]
+    if stream:
+        chunks = list(client.chat.completions.create(model="scripted@events=3", messages=msgs, stream=True))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        extra = [c.model_extra for c in chunks] + [c.choices[0].model_extra for c in chunks if c.choices]
+        lps = [c.choices[0].logprobs for c in chunks if c.choices]
+    else:
+        r = client.chat.completions.create(model="scripted", messages=msgs)
+        text = r.choices[0].message.content
+        extra = [r.model_extra, r.choices[0].model_extra]
+        lps = [r.choices[0].logprobs]
+    assert text == "Reply to: tokens please"
+    # The harness sees no token data it did not ask for.
+    assert all(e.get("token_ids") is None and e.get("prompt_token_ids") is None for e in extra)
+    assert all(lp is None for lp in lps)
+    row = rows_of(proxy, rollout)[0]
+    up = json.loads(row["upstream_request"])
+    assert up["return_token_ids"] is True and up["logprobs"] is True
+    assert "return_token_ids" not in json.loads(row["request"])
+    assert row["token_capture"] == "ids_and_logprobs"
+    assert list(row["completion_token_ids"]) == list(text.encode())
+    assert list(row["prompt_token_ids"]) == [1, 2, 3]
+    assert len(row["completion_logprobs"]) == len(text.encode())
+    assert b"token_ids\":[" not in row["response_raw"] and b"token_ids\":[" in row["upstream_response_raw"]
+
+
+def test_vllm_route_keeps_what_the_harness_asked_for(make_proxy, upstream):
+    proxy = make_proxy(toml=vllm_route(upstream))
+    client = h.sdk_client(f"{proxy.url}/rollouts/asked/v1")
+    r = client.chat.completions.create(model="scripted", messages=[{"role": "user", "content": "lp"}], logprobs=True)
+    assert len(r.choices[0].logprobs.content) == len("Reply to: lp")
+    assert r.choices[0].model_extra.get("token_ids") is None
+
+
+def test_translated_call_on_vllm_route_records_tokens(make_proxy, upstream):
+    """A Messages call translated to Chat Completions on a vLLM route: the
+    ids and logprobs come from the upstream's chat answer."""
+    proxy = make_proxy(toml=vllm_route(upstream))
+    c = claude(proxy.url, "tok-msg")
+    with c.messages.stream(model="scripted", max_tokens=64, messages=[{"role": "user", "content": "hi"}]) as s:
+        text = "".join(s.text_stream)
+    assert text == "Reply to: hi"
+    row = rows_of(proxy, "tok-msg")[0]
+    assert row["upstream_api"] == "chat_completions"
+    assert row["token_capture"] == "ids_and_logprobs"
+    assert bytes(row["completion_token_ids"]) == text.encode()
