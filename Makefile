@@ -25,7 +25,7 @@ $(LITELLM_VENV)/.installed: benches/litellm/requirements.txt
 	$(LITELLM_VENV)/bin/pip install --quiet --disable-pip-version-check -r benches/litellm/requirements.txt
 	touch $@
 
-# The five agent harnesses at their pinned versions (npm, pip, cargo), into
+# The agent harnesses at their pinned versions (npm, pip, cargo), into
 # $(HARNESS_DIR). Idempotent; ZeroClaw's first build takes about 20 minutes.
 harnesses:
 	cargo build

@@ -93,6 +93,10 @@ enum Command {
     ScriptedUpstream {
         #[arg(long, default_value = "127.0.0.1:0")]
         listen: SocketAddr,
+        /// The APIs to serve, comma-separated: chat, responses, completions,
+        /// messages (default: all). Others answer 404.
+        #[arg(long, default_value = "all")]
+        apis: crate::upstream::scripted::Apis,
     },
 }
 
@@ -295,9 +299,10 @@ async fn run(cmd: Command) -> Result<i32, Box<dyn std::error::Error>> {
             server.run(shutdown_signal()).await;
             Ok(0)
         }
-        Command::ScriptedUpstream { listen } => {
-            let (addr, serve) = crate::upstream::scripted::bind(listen).await?;
+        Command::ScriptedUpstream { listen, apis } => {
+            let (addr, serve) = crate::upstream::scripted::bind_with(listen, apis).await?;
             println!("scripted upstream listening on http://{addr}");
+            eprintln!("scripted upstream serves: {apis}");
             tokio::select! {
                 _ = serve => {},
                 _ = shutdown_signal() => {},

@@ -167,6 +167,10 @@ const SOURCES: &[(&str, &str)] = &[
         "opencode",
         include_str!("../../harness-adapters/opencode/adapter.toml"),
     ),
+    (
+        "claude-code",
+        include_str!("../../harness-adapters/claude-code/adapter.toml"),
+    ),
 ];
 
 /// Names of all known harnesses.

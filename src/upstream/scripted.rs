@@ -1,6 +1,6 @@
 //! A scripted model server: a real HTTP server on loopback that answers
-//! OpenAI Chat Completions, Responses and Completions calls (streaming or
-//! not) with deterministic text and tool calls.
+//! OpenAI Chat Completions, Responses and Completions calls and Anthropic
+//! Messages calls (streaming or not) with deterministic text and tool calls.
 //!
 //! It stands in for a real model server, the one component we cannot run at
 //! scale here, in tests, benchmarks and `make demo`. Nothing in it is
@@ -14,14 +14,30 @@
 //! | `events=N` | split the answer into N stream deltas (default 4) |
 //! | `delay_ms=N` | sleep N ms between stream events |
 //! | `ttfb_ms=N` | sleep N ms before answering |
-//! | `fault=500\|429\|400` | answer that status with an OpenAI error body |
+//! | `fault=500\|429\|400` | answer that status with an error body (OpenAI's format; Anthropic's on `/v1/messages`) |
 //! | `fault=timeout` | never answer |
 //! | `fault=drop` | send part of the body, then reset the connection |
 //! | `fault=stream_error` | stream a delta, then an error event |
 //! | `fault=garbage` | answer 200 with a body that is not JSON |
 //!
+//! The APIs it serves, each in its provider's own format:
+//!
+//! | path | API | `--apis` name |
+//! |---|---|---|
+//! | `POST /v1/chat/completions` | OpenAI Chat Completions | `chat` |
+//! | `POST /v1/responses` | OpenAI Responses | `responses` |
+//! | `POST /v1/completions` | OpenAI Completions | `completions` |
+//! | `POST /v1/messages` (any query, e.g. `?beta=true`) | Anthropic Messages | `messages` |
+//! | `POST /v1/messages/count_tokens` | Anthropic token count | `messages` |
+//! | `GET /v1/models` | model list | always |
+//!
+//! `rollcall scripted-upstream --apis chat` serves only the APIs named (all by
+//! default), to test translation against, say, a Chat-Completions-only
+//! server; the others answer 404 with an OpenAI error body.
+//!
 //! The answer text is `Reply to: <last user text>`, so tests can tell calls
-//! apart. When the request offers tools and its last message is not a tool
+//! apart (on Messages, `role: "system"` messages, `<system-reminder>` text
+//! blocks and the text blocks beside `tool_result` blocks are not user text). When the request offers tools and its last message is not a tool
 //! result, the answer is a call to a tool instead: a shell-like tool when one
 //! is offered (`bash`, `shell`, `exec_command`, ...), else the first function
 //! tool, with its required arguments filled from its JSON schema.
@@ -78,9 +94,112 @@ fn opts(model: &str) -> (String, Opts) {
     (name, o)
 }
 
-/// Bind and serve until the process ends. Prints nothing; returns the address.
+/// The APIs a scripted upstream serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Apis {
+    pub chat: bool,
+    pub responses: bool,
+    pub completions: bool,
+    pub messages: bool,
+}
+
+impl Apis {
+    /// Every API.
+    pub const ALL: Apis = Apis {
+        chat: true,
+        responses: true,
+        completions: true,
+        messages: true,
+    };
+
+    fn serves(&self, kind: Kind) -> bool {
+        match kind {
+            Kind::Chat => self.chat,
+            Kind::Responses => self.responses,
+            Kind::Completions => self.completions,
+            Kind::Messages | Kind::CountTokens => self.messages,
+        }
+    }
+
+    fn names(&self) -> String {
+        let mut out = vec![];
+        for (on, name) in [
+            (self.chat, "chat"),
+            (self.responses, "responses"),
+            (self.completions, "completions"),
+            (self.messages, "messages"),
+        ] {
+            if on {
+                out.push(name);
+            }
+        }
+        out.join(",")
+    }
+}
+
+impl Default for Apis {
+    fn default() -> Self {
+        Apis::ALL
+    }
+}
+
+impl std::str::FromStr for Apis {
+    type Err = String;
+
+    /// A comma-separated list of `chat`, `responses`, `completions`,
+    /// `messages`, or `all`.
+    fn from_str(s: &str) -> Result<Apis, String> {
+        let mut a = Apis {
+            chat: false,
+            responses: false,
+            completions: false,
+            messages: false,
+        };
+        for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name {
+                "chat" => a.chat = true,
+                "responses" => a.responses = true,
+                "completions" => a.completions = true,
+                "messages" => a.messages = true,
+                "all" => a = Apis::ALL,
+                other => {
+                    return Err(format!(
+                        "unknown API {other:?}; known: chat, responses, completions, messages, all"
+                    ))
+                }
+            }
+        }
+        if a == (Apis {
+            chat: false,
+            responses: false,
+            completions: false,
+            messages: false,
+        }) {
+            return Err("no API named".into());
+        }
+        Ok(a)
+    }
+}
+
+impl std::fmt::Display for Apis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.names())
+    }
+}
+
+/// Bind and serve every API until the process ends. Prints nothing; returns
+/// the address.
 pub async fn bind(
     addr: SocketAddr,
+) -> std::io::Result<(SocketAddr, impl std::future::Future<Output = ()>)> {
+    bind_with(addr, Apis::ALL).await
+}
+
+/// Bind and serve only `apis` until the process ends. Prints nothing;
+/// returns the address.
+pub async fn bind_with(
+    addr: SocketAddr,
+    apis: Apis,
 ) -> std::io::Result<(SocketAddr, impl std::future::Future<Output = ()>)> {
     let listener = TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
@@ -93,7 +212,7 @@ pub async fn bind(
             };
             let _ = stream.set_nodelay(true);
             let counter = counter.clone();
-            let svc = hyper::service::service_fn(move |req| handle(req, counter.clone()));
+            let svc = hyper::service::service_fn(move |req| handle(req, counter.clone(), apis));
             let conn = builder
                 .serve_connection(TokioIo::new(stream), svc)
                 .into_owned();
@@ -120,9 +239,44 @@ fn error(status: u16, msg: &str) -> Response<ProxyBody> {
     respond(status, "application/json", body.to_string())
 }
 
+/// Anthropic's error type for an HTTP status.
+fn anthropic_error_type(status: u16) -> &'static str {
+    match status {
+        429 => "rate_limit_error",
+        401 => "authentication_error",
+        404 => "not_found_error",
+        s if s >= 500 => "api_error",
+        _ => "invalid_request_error",
+    }
+}
+
+/// An error in the format of the API that was called.
+fn error_for(kind: Option<Kind>, status: u16, msg: &str) -> Response<ProxyBody> {
+    match kind {
+        Some(Kind::Messages | Kind::CountTokens) => {
+            let body = json!({"type": "error", "error": {"type": anthropic_error_type(status), "message": msg}});
+            respond(status, "application/json", body.to_string())
+        }
+        _ => error(status, msg),
+    }
+}
+
+/// The API a request path calls.
+fn kind_of(path: &str) -> Option<Kind> {
+    Some(match path.trim_end_matches('/') {
+        p if p.ends_with("/chat/completions") => Kind::Chat,
+        p if p.ends_with("/responses") => Kind::Responses,
+        p if p.ends_with("/completions") => Kind::Completions,
+        p if p.ends_with("/messages/count_tokens") => Kind::CountTokens,
+        p if p.ends_with("/messages") => Kind::Messages,
+        _ => return None,
+    })
+}
+
 async fn handle(
     req: Request<Incoming>,
     counter: Arc<AtomicU64>,
+    apis: Apis,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let path = req.uri().path().to_owned();
     if req.method() == Method::GET {
@@ -135,11 +289,20 @@ async fn handle(
             _ => error(404, "not found"),
         });
     }
+    let kind = kind_of(&path);
+    if let Some(k) = kind {
+        if !apis.serves(k) {
+            return Ok(error(
+                404,
+                &format!("scripted upstream does not serve {path} (--apis {apis})"),
+            ));
+        }
+    }
     let Ok(body) = req.into_body().collect().await else {
-        return Ok(error(400, "could not read body"));
+        return Ok(error_for(kind, 400, "could not read body"));
     };
     let Ok(body) = serde_json::from_slice::<Value>(&body.to_bytes()) else {
-        return Ok(error(400, "body is not JSON"));
+        return Ok(error_for(kind, 400, "body is not JSON"));
     };
     let n = counter.fetch_add(1, Ordering::Relaxed);
     let model_full = body
@@ -152,9 +315,9 @@ async fn handle(
         tokio::time::sleep(o.ttfb).await;
     }
     match o.fault.as_deref() {
-        Some("500") => return Ok(error(500, "scripted internal error")),
-        Some("429") => return Ok(error(429, "scripted rate limit")),
-        Some("400") => return Ok(error(400, "scripted bad request")),
+        Some("500") => return Ok(error_for(kind, 500, "scripted internal error")),
+        Some("429") => return Ok(error_for(kind, 429, "scripted rate limit")),
+        Some("400") => return Ok(error_for(kind, 400, "scripted bad request")),
         Some("timeout") => {
             tokio::time::sleep(Duration::from_secs(3600)).await;
         }
@@ -162,13 +325,21 @@ async fn handle(
         _ => {}
     }
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let answer = Answer::decide(&path, &body, &model_full, n);
-    let Some(answer) = answer else {
+    let Some(kind) = kind else {
         return Ok(error(
             404,
             &format!("scripted upstream does not serve {path}"),
         ));
     };
+    if kind == Kind::CountTokens {
+        let n = body.to_string().split_whitespace().count();
+        return Ok(respond(
+            200,
+            "application/json",
+            json!({"input_tokens": n}).to_string(),
+        ));
+    }
+    let answer = Answer::decide(kind, &body, &model_full, n);
     if !stream {
         let text = answer.whole().to_string();
         if o.fault.as_deref() == Some("drop") {
@@ -202,8 +373,14 @@ async fn handle(
                 return;
             }
             if fault.as_deref() == Some("stream_error") && i == 2 {
-                let err = json!({"error": {"message": "scripted stream error", "type": "server_error", "code": "500"}});
-                let _ = tx.send(Ok(Bytes::from(format!("data: {err}\n\n")))).await;
+                let event = if kind == Kind::Messages {
+                    let err = json!({"type": "error", "error": {"type": "api_error", "message": "scripted stream error"}});
+                    format!("event: error\ndata: {err}\n\n")
+                } else {
+                    let err = json!({"error": {"message": "scripted stream error", "type": "server_error", "code": "500"}});
+                    format!("data: {err}\n\n")
+                };
+                let _ = tx.send(Ok(Bytes::from(event))).await;
                 return;
             }
             if tx.send(Ok(Bytes::from(ev))).await.is_err() {
@@ -224,10 +401,15 @@ async fn handle(
     Ok(r)
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Chat,
     Responses,
     Completions,
+    /// Anthropic Messages.
+    Messages,
+    /// Anthropic's `/v1/messages/count_tokens`.
+    CountTokens,
 }
 
 /// What the scripted model says to one request.
@@ -313,14 +495,18 @@ fn arguments_for(params: Option<&Value>, command: &str) -> String {
     Value::Object(args).to_string()
 }
 
-/// The tool the scripted model calls: a shell-like tool if offered, else the
-/// first function tool. Returns its name and parameter schema.
+/// The tool the scripted model calls: a shell-like tool if offered (names
+/// compared without case, so Claude Code's `Bash` counts), else the first
+/// function tool. Returns its name and parameter schema.
 fn pick_tool(tools: &[Value]) -> Option<(String, Option<&Value>)> {
     let functions: Vec<(&str, Option<&Value>)> = tools
         .iter()
         .filter_map(|t| {
             let ty = t.get("type").and_then(Value::as_str).unwrap_or("function");
-            if ty != "function" && ty != "custom_function" {
+            // Anthropic client tools have no type, or `custom` with an
+            // `input_schema`; its server tools (`web_search_...`) are skipped.
+            let anthropic_custom = ty == "custom" && t.get("input_schema").is_some();
+            if ty != "function" && ty != "custom_function" && !anthropic_custom {
                 return None;
             }
             let f = t.get("function").unwrap_or(t);
@@ -331,7 +517,7 @@ fn pick_tool(tools: &[Value]) -> Option<(String, Option<&Value>)> {
         .collect();
     let shell = SHELL_TOOLS
         .iter()
-        .find_map(|want| functions.iter().find(|(n, _)| n == want));
+        .find_map(|want| functions.iter().find(|(n, _)| n.eq_ignore_ascii_case(want)));
     shell
         .or(functions.first())
         .map(|(n, p)| ((*n).to_owned(), *p))
@@ -402,10 +588,53 @@ impl<'a> Conversation<'a> {
                 }
                 _ => {}
             },
-            Kind::Completions => {
+            Kind::Completions | Kind::CountTokens => {
                 c.user_texts
                     .push(text_of(body.get("prompt").unwrap_or(&Value::Null)));
                 c.tools = None;
+            }
+            Kind::Messages => {
+                // `system` (top level, or `role: "system"` messages as
+                // Claude Code sends them) is not user text.
+                for m in body
+                    .get("messages")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    match m["role"].as_str() {
+                        Some("user") => {
+                            let blocks = match &m["content"] {
+                                Value::Array(b) => b.as_slice(),
+                                content => {
+                                    c.user_texts.push(text_of(content));
+                                    c.last_is_tool_result = false;
+                                    continue;
+                                }
+                            };
+                            let mut results = 0;
+                            for b in blocks.iter().filter(|b| b["type"] == "tool_result") {
+                                c.tool_results.push(text_of(&b["content"]));
+                                results += 1;
+                            }
+                            // Text beside tool results, and Claude Code's
+                            // `<system-reminder>` blocks, are the harness's
+                            // reminders, not the user's ask.
+                            if results == 0 {
+                                let text: Vec<&str> = blocks
+                                    .iter()
+                                    .filter(|b| b["type"] == "text")
+                                    .filter_map(|b| b["text"].as_str())
+                                    .filter(|t| !t.trim_start().starts_with("<system-reminder>"))
+                                    .collect();
+                                c.user_texts.push(text.join(""));
+                            }
+                            c.last_is_tool_result = results > 0;
+                        }
+                        Some("system") => {}
+                        _ => c.last_is_tool_result = false,
+                    }
+                }
             }
         }
         c
@@ -413,13 +642,7 @@ impl<'a> Conversation<'a> {
 }
 
 impl Answer {
-    fn decide(path: &str, body: &Value, model: &str, n: u64) -> Option<Answer> {
-        let kind = match path.trim_end_matches('/') {
-            p if p.ends_with("/chat/completions") => Kind::Chat,
-            p if p.ends_with("/responses") => Kind::Responses,
-            p if p.ends_with("/completions") => Kind::Completions,
-            _ => return None,
-        };
+    fn decide(kind: Kind, body: &Value, model: &str, n: u64) -> Answer {
         let conv = Conversation::of(&kind, body);
         let last_user = conv.user_texts.last().cloned().unwrap_or_default();
         let script = scripted_commands(&conv.user_texts);
@@ -442,7 +665,7 @@ impl Answer {
             format!("Reply to: {last_user}")
         };
         let prompt_words = body.to_string().split_whitespace().count() as i64;
-        Some(Answer {
+        Answer {
             kind,
             n,
             model: model.to_owned(),
@@ -457,7 +680,7 @@ impl Answer {
                 .pointer("/stream_options/include_usage")
                 .and_then(Value::as_bool)
                 == Some(true),
-        })
+        }
     }
 
     fn pieces(&self, k: usize) -> Vec<String> {
@@ -516,12 +739,94 @@ impl Answer {
                 }
                 v
             }
-            Kind::Completions => {
+            Kind::Completions | Kind::CountTokens => {
                 json!({"id": format!("cmpl-{id}"), "object": "text_completion", "created": 1_700_000_000, "model": self.model,
                 "choices": [{"index": 0, "text": self.text, "finish_reason": "stop", "logprobs": null}], "usage": self.chat_usage()})
             }
             Kind::Responses => self.response_object("completed"),
+            Kind::Messages => {
+                let mut m = self.message_object();
+                m["content"] = json!([self.message_block()]);
+                m["stop_reason"] = json!(self.stop_reason());
+                m["usage"]["output_tokens"] = json!(self.completion_tokens());
+                m
+            }
         }
+    }
+
+    /// An Anthropic message with no content yet, as in `message_start`.
+    fn message_object(&self) -> Value {
+        json!({"id": format!("msg_scripted_{}", self.n), "type": "message", "role": "assistant", "model": self.model,
+            "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": self.prompt_words, "output_tokens": 0,
+                "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}})
+    }
+
+    /// The one content block of an Anthropic answer, complete.
+    fn message_block(&self) -> Value {
+        match &self.tool {
+            Some((name, args)) => {
+                json!({"type": "tool_use", "id": format!("toolu_scripted_{}", self.n), "name": name,
+                    "input": serde_json::from_str::<Value>(args).unwrap_or_else(|_| json!({}))})
+            }
+            None => json!({"type": "text", "text": self.text}),
+        }
+    }
+
+    fn stop_reason(&self) -> &'static str {
+        if self.tool.is_some() {
+            "tool_use"
+        } else {
+            "end_turn"
+        }
+    }
+
+    fn messages_events(&self, k: usize) -> Vec<String> {
+        let ev = |kind: &str, mut data: Value| {
+            data["type"] = json!(kind);
+            format!("event: {kind}\ndata: {data}\n\n")
+        };
+        let mut out = vec![ev(
+            "message_start",
+            json!({"message": self.message_object()}),
+        )];
+        let mut start = self.message_block();
+        let pieces = match &self.tool {
+            Some((_, args)) => {
+                start["input"] = json!({});
+                let chars: Vec<char> = args.chars().collect();
+                let size = chars.len().div_ceil(k.max(1)).max(1);
+                chars
+                    .chunks(size)
+                    .map(|c| json!({"type": "input_json_delta", "partial_json": c.iter().collect::<String>()}))
+                    .collect::<Vec<_>>()
+            }
+            None => {
+                start["text"] = json!("");
+                self.pieces(k)
+                    .into_iter()
+                    .map(|p| json!({"type": "text_delta", "text": p}))
+                    .collect()
+            }
+        };
+        out.push(ev(
+            "content_block_start",
+            json!({"index": 0, "content_block": start}),
+        ));
+        for delta in pieces {
+            out.push(ev(
+                "content_block_delta",
+                json!({"index": 0, "delta": delta}),
+            ));
+        }
+        out.push(ev("content_block_stop", json!({"index": 0})));
+        out.push(ev(
+            "message_delta",
+            json!({"delta": {"stop_reason": self.stop_reason(), "stop_sequence": null},
+                "usage": {"output_tokens": self.completion_tokens()}}),
+        ));
+        out.push(ev("message_stop", json!({})));
+        out
     }
 
     fn response_object(&self, status: &str) -> Value {
@@ -562,6 +867,8 @@ impl Answer {
                 out
             }
             Kind::Responses => self.responses_events(k),
+            Kind::Messages => self.messages_events(k),
+            Kind::CountTokens => vec![],
         }
     }
 
@@ -700,5 +1007,306 @@ impl Answer {
         ));
         out.push(ev("response.completed", json!({"response": done})));
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bash_tools() -> Value {
+        json!([
+            {"name": "Read", "description": "read a file", "input_schema": {"type": "object",
+                "properties": {"file_path": {"type": "string"}}, "required": ["file_path"]}},
+            {"name": "Bash", "description": "run a command", "input_schema": {"type": "object",
+                "properties": {"command": {"type": "string"}, "description": {"type": "string"},
+                    "timeout": {"type": "number"}}, "required": ["command"]}},
+            {"type": "web_search_20250305", "name": "web_search"}
+        ])
+    }
+
+    /// (event name, data) of each SSE event.
+    fn parse_events(events: &[String]) -> Vec<(String, Value)> {
+        events
+            .iter()
+            .map(|e| {
+                let mut lines = e.lines();
+                let name = lines.next().unwrap().strip_prefix("event: ").unwrap();
+                let data = lines.next().unwrap().strip_prefix("data: ").unwrap();
+                (name.to_owned(), serde_json::from_str(data).unwrap())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn messages_tool_use_streams_in_order() {
+        let body = json!({
+            "model": "claude-x@events=3",
+            "system": [{"type": "text", "text": "You are Claude Code."}],
+            "messages": [
+                {"role": "user", "content": [
+                    {"type": "text", "text": "<system-reminder>\nbe nice\n</system-reminder>"},
+                    {"type": "text", "text": "Run [[run: echo rollcall-$((6*7))]] please"}]},
+                {"role": "system", "content": "# Environment"}
+            ],
+            "tools": bash_tools(),
+            "stream": true,
+        });
+        let (_, o) = opts("claude-x@events=3");
+        let a = Answer::decide(Kind::Messages, &body, "claude-x@events=3", 7);
+        let (name, args) = a.tool.clone().expect("a tool call");
+        assert_eq!(name, "Bash");
+        let args: Value = serde_json::from_str(&args).unwrap();
+        assert_eq!(args, json!({"command": "echo rollcall-$((6*7))"}));
+
+        let events = parse_events(&a.events(o.events));
+        let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "message_start",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        for (n, d) in &events {
+            assert_eq!(d["type"], json!(n), "every data line names its type");
+        }
+        let start = &events[0].1["message"];
+        assert_eq!(start["content"], json!([]));
+        assert_eq!(start["role"], "assistant");
+        assert!(start["id"].as_str().unwrap().starts_with("msg_"));
+        assert!(start["usage"]["input_tokens"].as_i64().unwrap() > 0);
+        let block = &events[1].1["content_block"];
+        assert_eq!(block["type"], "tool_use");
+        assert_eq!(block["name"], "Bash");
+        assert_eq!(block["input"], json!({}));
+        assert!(block["id"].as_str().unwrap().starts_with("toolu_"));
+        let json_text: String = events[2..5]
+            .iter()
+            .map(|(_, d)| {
+                assert_eq!(d["delta"]["type"], "input_json_delta");
+                d["delta"]["partial_json"].as_str().unwrap().to_owned()
+            })
+            .collect();
+        assert_eq!(serde_json::from_str::<Value>(&json_text).unwrap(), args);
+        let delta = &events[6].1;
+        assert_eq!(
+            delta["delta"],
+            json!({"stop_reason": "tool_use", "stop_sequence": null})
+        );
+        assert!(delta["usage"]["output_tokens"].as_i64().unwrap() > 0);
+
+        // The same answer, not streamed.
+        let whole = a.whole();
+        assert_eq!(whole["type"], "message");
+        assert_eq!(whole["stop_reason"], "tool_use");
+        assert_eq!(whole["stop_sequence"], Value::Null);
+        assert_eq!(whole["content"][0]["type"], "tool_use");
+        assert_eq!(whole["content"][0]["input"], args);
+        assert_eq!(whole["usage"]["cache_read_input_tokens"], 0);
+        assert_eq!(whole["usage"]["cache_creation_input_tokens"], 0);
+    }
+
+    #[test]
+    fn messages_tool_result_gets_the_final_text() {
+        let body = json!({
+            "model": "m",
+            "system": "sys",
+            "messages": [
+                {"role": "user", "content": "Run [[run: echo rollcall-$((6*7))]]"},
+                {"role": "system", "content": [{"type": "text", "text": "# Environment"}]},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Bash",
+                    "input": {"command": "echo rollcall-$((6*7))"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": false,
+                        "content": [{"type": "text", "text": "rollcall-42\n"}], "cache_control": {"type": "ephemeral"}},
+                    {"type": "text", "text": "<system-reminder>x</system-reminder>"}]}
+            ],
+            "tools": bash_tools(),
+        });
+        let a = Answer::decide(Kind::Messages, &body, "m", 1);
+        assert!(a.tool.is_none());
+        let whole = a.whole();
+        assert_eq!(whole["stop_reason"], "end_turn");
+        assert_eq!(
+            whole["content"],
+            json!([{"type": "text", "text": "Done. The command printed: rollcall-42"}])
+        );
+        let events = parse_events(&a.events(2));
+        assert_eq!(
+            events[1].1["content_block"],
+            json!({"type": "text", "text": ""})
+        );
+        let text: String = events
+            .iter()
+            .filter(|(n, _)| n == "content_block_delta")
+            .map(|(_, d)| {
+                assert_eq!(d["delta"]["type"], "text_delta");
+                d["delta"]["text"].as_str().unwrap().to_owned()
+            })
+            .collect();
+        assert_eq!(text, "Done. The command printed: rollcall-42");
+        assert_eq!(events.last().unwrap().0, "message_stop");
+    }
+
+    #[test]
+    fn messages_default_answer_reads_the_user_text() {
+        let body = json!({"model": "m", "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "<system-reminder>r</system-reminder>"},
+                {"type": "text", "text": "hi there"}]},
+            {"role": "system", "content": "env"}]});
+        let a = Answer::decide(Kind::Messages, &body, "m", 0);
+        assert_eq!(a.text, "Reply to: hi there");
+        // With tools, the default is one shell call, then a text answer.
+        let mut body = body;
+        body["tools"] = bash_tools();
+        let a = Answer::decide(Kind::Messages, &body, "m", 0);
+        assert_eq!(a.tool.unwrap().0, "Bash");
+        body["messages"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t", "content": "scripted", "is_error": true}]}));
+        let a = Answer::decide(Kind::Messages, &body, "m", 0);
+        assert!(a.tool.is_none());
+        assert_eq!(a.text, "Done. Reply to: hi there");
+    }
+
+    #[test]
+    fn apis_parse_and_route() {
+        let a: Apis = "chat".parse().unwrap();
+        assert!(a.serves(Kind::Chat) && !a.serves(Kind::Responses) && !a.serves(Kind::Messages));
+        assert_eq!(a.to_string(), "chat");
+        let a: Apis = "chat, messages".parse().unwrap();
+        assert!(a.serves(Kind::CountTokens) && !a.serves(Kind::Completions));
+        assert_eq!("all".parse::<Apis>().unwrap(), Apis::ALL);
+        assert!("chat,nope".parse::<Apis>().is_err());
+        assert!("".parse::<Apis>().is_err());
+        assert_eq!(kind_of("/v1/messages"), Some(Kind::Messages));
+        assert_eq!(kind_of("/rollouts/r/v1/messages/"), Some(Kind::Messages));
+        assert_eq!(
+            kind_of("/v1/messages/count_tokens"),
+            Some(Kind::CountTokens)
+        );
+        assert_eq!(kind_of("/v1/chat/completions"), Some(Kind::Chat));
+        assert_eq!(kind_of("/v1/completions"), Some(Kind::Completions));
+        assert_eq!(kind_of("/v1/embeddings"), None);
+    }
+
+    #[test]
+    fn pick_tool_prefers_a_shell_without_case() {
+        let tools = bash_tools();
+        let (name, params) = pick_tool(tools.as_array().unwrap()).unwrap();
+        assert_eq!(name, "Bash");
+        // Only the required fields and the command are filled.
+        assert_eq!(arguments_for(params, "ls"), r#"{"command":"ls"}"#);
+    }
+
+    async fn serve(apis: Apis) -> String {
+        let (addr, fut) = bind_with("127.0.0.1:0".parse().unwrap(), apis)
+            .await
+            .unwrap();
+        tokio::spawn(fut);
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn messages_over_http_with_errors_and_apis() {
+        let base = serve(Apis::ALL).await;
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::new();
+        let body = json!({"model": "m", "max_tokens": 10,
+            "messages": [{"role": "user", "content": "hello"}]});
+        let r = client
+            .post(format!("{base}/v1/messages?beta=true"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["content"][0]["text"], "Reply to: hello");
+        assert_eq!(v["usage"]["output_tokens"], json!("Reply to: hello".len()));
+
+        let mut stream = body.clone();
+        stream["stream"] = json!(true);
+        let r = client
+            .post(format!("{base}/v1/messages"))
+            .json(&stream)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.headers()[reqwest::header::CONTENT_TYPE],
+            "text/event-stream"
+        );
+        let text = r.text().await.unwrap();
+        assert!(text.starts_with("event: message_start\ndata: {"));
+        assert!(text.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"));
+
+        let mut faulty = body.clone();
+        faulty["model"] = json!("m@fault=429");
+        let r = client
+            .post(format!("{base}/v1/messages"))
+            .json(&faulty)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 429);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "rate_limit_error");
+
+        faulty["model"] = json!("m@fault=stream_error");
+        faulty["stream"] = json!(true);
+        let text = client
+            .post(format!("{base}/v1/messages"))
+            .json(&faulty)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(text.ends_with(
+            "event: error\ndata: {\"error\":{\"message\":\"scripted stream error\",\"type\":\"api_error\"},\"type\":\"error\"}\n\n"
+        ), "{text}");
+
+        let r = client
+            .post(format!("{base}/v1/messages/count_tokens"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let v: Value = r.json().await.unwrap();
+        assert!(v["input_tokens"].as_i64().unwrap() > 0);
+
+        // A chat-only upstream refuses the others with an OpenAI error.
+        let chat_only = serve("chat".parse().unwrap()).await;
+        let r = client
+            .post(format!("{chat_only}/v1/messages?beta=true"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(
+            v["error"]["message"],
+            "scripted upstream does not serve /v1/messages (--apis chat)"
+        );
+        let r = client
+            .post(format!("{chat_only}/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
     }
 }
