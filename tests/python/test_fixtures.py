@@ -77,7 +77,22 @@ class Replay:
 
 
 def test_fixtures_exist_for_every_harness():
-    assert set(NAMES) >= {"codex", "openclaw", "zeroclaw", "mini-swe-agent", "opencode"}, NAMES
+    assert set(NAMES) >= {"codex", "openclaw", "zeroclaw", "mini-swe-agent", "opencode", "claude-code"}, NAMES
+
+
+# As in fixtures/capture.py: Claude Code's model has a native Messages route.
+PROXY_TOML = """
+[shards]
+max_age_secs = 0.2
+[[routes]]
+name = "openai"
+url = "{upstream}/v1"
+[[routes]]
+name = "anthropic"
+url = "{upstream}/v1"
+kind = "anthropic"
+models = ["claude-*"]
+"""
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -85,7 +100,7 @@ def test_replay_fixture(name, tmp_path):
     exchanges = load(name)
     replay = Replay(exchanges)
     try:
-        proxy = h.start_proxy(tmp_path / "p", replay.url)
+        proxy = h.start_proxy(tmp_path / "p", replay.url, toml=PROXY_TOML.format(upstream=replay.url))
         rollout = f"replay-{name}"
         u = urlparse(proxy.url)
         for e in exchanges:
@@ -130,6 +145,8 @@ def tool_names(e: dict) -> list[str]:
         body = json.loads(e["response"])
         if "choices" in body:
             return [c["function"]["name"] for c in body["choices"][0]["message"].get("tool_calls") or []]
+        if body.get("type") == "message":
+            return [b["name"] for b in body["content"] if b["type"] == "tool_use"]
         return [o["name"] for o in body.get("output", []) if o.get("type") == "function_call"]
     names = []
     for _, data in h.sse_events(e["response"].encode()):
@@ -142,4 +159,6 @@ def tool_names(e: dict) -> list[str]:
                     names.append(tc["function"]["name"])
         if ev.get("type") == "response.output_item.added" and ev["item"].get("type") == "function_call":
             names.append(ev["item"]["name"])
+        if ev.get("type") == "content_block_start" and ev["content_block"].get("type") == "tool_use":
+            names.append(ev["content_block"]["name"])
     return names

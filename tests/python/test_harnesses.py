@@ -28,7 +28,8 @@ import rollcall_harness as h
 
 HARNESS_DIR = Path(os.environ.get("ROLLCALL_HARNESS_DIR", h.REPO_ROOT / ".harnesses"))
 REQUIRE = os.environ.get("ROLLCALL_REQUIRE_HARNESSES") == "1"
-HARNESSES = ["codex", "openclaw", "zeroclaw", "mini-swe-agent", "opencode"]
+HARNESSES = ["codex", "openclaw", "zeroclaw", "mini-swe-agent", "opencode", "claude-code"]
+WIRE = {"codex": "responses", "claude-code": "messages"}
 
 COMMAND = "echo rollcall-$((6*7)) | tee proof.txt"
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -46,7 +47,8 @@ def key_of(rollout: str) -> str:
 
 
 # Calls each harness makes for the task: opencode first asks for a title.
-EXPECTED_CALLS = {"codex": 2, "openclaw": 2, "zeroclaw": 2, "mini-swe-agent": 2, "opencode": 3}
+EXPECTED_CALLS = {"codex": 2, "openclaw": 2, "zeroclaw": 2, "mini-swe-agent": 2, "opencode": 3,
+                  "claude-code": 2}
 
 
 def need(name: str) -> None:
@@ -83,6 +85,12 @@ def tool_results(request: dict) -> list[tuple[str, str]]:
             c = m.get("content")
             text = c if isinstance(c, str) else "".join(p.get("text", "") for p in c or [])
             out.append((m.get("tool_call_id", ""), text))
+    for m in request.get("messages", []):
+        for b in m.get("content") if isinstance(m.get("content"), list) else []:
+            if b.get("type") == "tool_result":
+                c = b.get("content")
+                text = c if isinstance(c, str) else "".join(p.get("text", "") for p in c or [])
+                out.append((b.get("tool_use_id", ""), text))
     for item in request.get("input", []) if isinstance(request.get("input"), list) else []:
         if item.get("type") == "function_call_output":
             o = item.get("output")
@@ -97,6 +105,9 @@ def sent_tool_calls(request: dict) -> list[tuple[str, str, str]]:
     for m in request.get("messages", []):
         for tc in m.get("tool_calls") or []:
             out.append((tc.get("id", ""), tc["function"]["name"], tc["function"]["arguments"]))
+        for b in m.get("content") if isinstance(m.get("content"), list) else []:
+            if b.get("type") == "tool_use":
+                out.append((b.get("id", ""), b["name"], json.dumps(b.get("input"))))
     for item in request.get("input", []) if isinstance(request.get("input"), list) else []:
         if item.get("type") == "function_call":
             out.append((item.get("call_id", ""), item["name"], item["arguments"]))
@@ -193,11 +204,13 @@ def test_harness_two_turn_tool_task(name, proxy, tmp_path):
     check_rollout(name, rollout, calls.get(rollout, []), fins.get(rollout, []), workdir)
     assert_keys_not_recorded(proxy, [rollout])
     wire = {r["wire_api"] for r in calls[rollout]}
-    assert wire == {"responses" if name == "codex" else "chat_completions"}
+    assert wire == {WIRE.get(name, "chat_completions")}
 
 
 def test_twenty_harnesses_at_once(proxy, tmp_path):
-    mix = ["codex"] * 6 + ["mini-swe-agent"] * 4 + ["opencode"] * 4 + ["openclaw"] * 3 + ["zeroclaw"] * 3
+    mix = (["codex"] * 4 + ["claude-code"] * 3 + ["mini-swe-agent"] * 4 + ["opencode"] * 3
+           + ["openclaw"] * 3 + ["zeroclaw"] * 3)
+    assert len(mix) == 20
     for name in set(mix):
         need(name)
     runs = []
@@ -268,3 +281,59 @@ def test_run_timeout_stops_the_harness_and_finishes_the_rollout(proxy, tmp_path)
     fin = fins["slow-codex"][0]
     assert fin["status"] == "timeout"
     assert json.loads(fin["metadata"])["exit_code"] is None
+
+
+
+def routed_proxy(make_proxy, upstream_url: str, kind: str) -> h.Proxy:
+    return make_proxy(toml=f"""
+[shards]
+max_age_secs = 0.2
+[[routes]]
+name = "only"
+url = "{upstream_url}/v1"
+kind = "{kind}"
+""", name=kind)
+
+
+@pytest.fixture
+def chat_only_upstream(tmp_path):
+    """The scripted upstream restricted to Chat Completions (and Completions):
+    Responses and Messages requests get 404 there."""
+    proc = h.Proc(["scripted-upstream", "--listen", "127.0.0.1:0", "--apis", "chat,completions"],
+                  "scripted upstream listening on ", tmp_path / "chat-only.stderr")
+    yield proc.url
+    proc.kill()
+
+
+@pytest.mark.parametrize("name", ["codex", "claude-code"])
+def test_harness_through_translation_to_a_chat_only_upstream(name, make_proxy, chat_only_upstream, tmp_path):
+    need(name)
+    proxy = routed_proxy(make_proxy, chat_only_upstream, "chat")
+    rollout = f"chat-only-{name}"
+    workdir = tmp_path / "work"
+    rc, out = finish_run(start_run(proxy, name, rollout, workdir))
+    assert rc == 0, out[-3000:]
+    assert "rollcall-42" in out
+    calls, fins = shards_of(proxy)
+    rows = calls[rollout]
+    check_rollout(name, rollout, rows, fins.get(rollout, []), workdir)
+    assert {r["wire_api"] for r in rows} == {WIRE[name]}
+    assert {r["upstream_api"] for r in rows} == {"chat_completions"}
+    # What went upstream is Chat Completions, tool result included.
+    up = json.loads(rows[1]["upstream_request"])
+    assert up["messages"][-1]["role"] == "tool" and "rollcall-42" in up["messages"][-1]["content"]
+
+
+def test_claude_code_against_a_native_messages_upstream(make_proxy, upstream, tmp_path):
+    need("claude-code")
+    proxy = routed_proxy(make_proxy, upstream, "anthropic")
+    rollout = "native-claude"
+    workdir = tmp_path / "work"
+    rc, out = finish_run(start_run(proxy, "claude-code", rollout, workdir))
+    assert rc == 0, out[-3000:]
+    calls, fins = shards_of(proxy)
+    rows = calls[rollout]
+    check_rollout("claude-code", rollout, rows, fins.get(rollout, []), workdir)
+    assert {r["upstream_api"] for r in rows} == {None}
+    assert all(r["upstream_request"] is None for r in rows), "forwarded byte for byte"
+    assert all(r["user_agent"].startswith("claude-cli/") for r in rows)
