@@ -75,6 +75,18 @@ fn ms(d: f64) -> String {
     format!("{:.3} ms", d * 1e3)
 }
 
+/// CPU seconds (user + system) a process has used, from `/proc/PID/stat`.
+fn cpu_secs(pid: &str) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start at state.
+    let rest = s.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (ticks(11) + ticks(12)) / hz.max(1.0)
+}
+
 fn rss_kb(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     s.lines()
@@ -351,10 +363,12 @@ fn main() {
         }
         // 3. Throughput.
         let secs: f64 = if q { 1.5 } else { 4.0 };
-        println!("\n## Throughput (non-streaming calls/s, {secs} s each)");
+        println!("\n## Throughput (non-streaming calls/s, {secs} s each; CPU µs per call by process)");
         let mut tput = std::collections::BTreeMap::new();
+        let (up_pid, px_pid) = (up.child.id().to_string(), px.child.id().to_string());
         for conns in [64, 256] {
             for t in &targets {
+                let cpu0 = [cpu_secs("self"), cpu_secs(&up_pid), cpu_secs(&px_pid)];
                 let r = throughput(
                     t,
                     conns,
@@ -366,9 +380,17 @@ fn main() {
                 )
                 .await;
                 tput.insert((conns, t.name), r);
+                let cpu1 = [cpu_secs("self"), cpu_secs(&up_pid), cpu_secs(&px_pid)];
+                let calls = r * secs;
+                let per = |i: usize| (cpu1[i] - cpu0[i]) / calls.max(1.0) * 1e6;
+                let proxy = if t.name == "rollcall" {
+                    format!("  rollcall {:>5.1}", per(2))
+                } else {
+                    String::new()
+                };
                 println!(
-                    "{:<10} {:>4} connections {:>10.0} calls/s",
-                    t.name, conns, r
+                    "{:<10} {:>4} connections {:>10.0} calls/s   CPU/call: client {:>5.1}  upstream {:>5.1}{proxy}",
+                    t.name, conns, r, per(0), per(1)
                 );
             }
         }
