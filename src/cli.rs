@@ -202,10 +202,7 @@ fn export_cmd(cmd: Command) -> Result<(), Box<dyn std::error::Error>> {
                 } => {
                     let opts = sft::SftOptions {
                         filters,
-                        step_scores: step_scores
-                            .as_deref()
-                            .map(StepScores::load)
-                            .transpose()?,
+                        step_scores: step_scores.as_deref().map(StepScores::load).transpose()?,
                         truncate_failed,
                         group_by,
                     };

@@ -103,7 +103,12 @@ pub fn truncation(
                 m.get("role").and_then(Value::as_str) == Some("tool")
                     && tool_error(&content_text(m.get("content"))).is_some()
             })?;
-            Some(msgs[..at].iter().rposition(is_assistant).map_or(0, |i| i + 1))
+            Some(
+                msgs[..at]
+                    .iter()
+                    .rposition(is_assistant)
+                    .map_or(0, |i| i + 1),
+            )
         }
         Signal::FailedCall => {
             let f = failed.iter().copied().find(|&s| s > first_sequence)?;
@@ -237,9 +242,15 @@ mod tests {
     #[test]
     fn truncation_at_tool_error_keeps_the_step_before_it() {
         let (msgs, origin) = conv();
-        assert_eq!(truncation(&msgs, &origin, Signal::ToolError, &[], 0), Some(4));
+        assert_eq!(
+            truncation(&msgs, &origin, Signal::ToolError, &[], 0),
+            Some(4)
+        );
         let clean = &msgs[..3];
-        assert_eq!(truncation(clean, &origin[..3], Signal::ToolError, &[], 0), None);
+        assert_eq!(
+            truncation(clean, &origin[..3], Signal::ToolError, &[], 0),
+            None
+        );
     }
 
     #[test]
@@ -248,9 +259,15 @@ mod tests {
         // Call 2 failed once (sequence 2 was retried as sequence 3 → here the
         // last step has sequence 2, so treat a failure at 1.5 via sequence 2).
         let origin2 = vec![None, Some(0), None, Some(1), None, Some(3)];
-        assert_eq!(truncation(&msgs, &origin2, Signal::FailedCall, &[2], 0), Some(4));
+        assert_eq!(
+            truncation(&msgs, &origin2, Signal::FailedCall, &[2], 0),
+            Some(4)
+        );
         // A failure after the last step drops nothing.
-        assert_eq!(truncation(&msgs, &origin, Signal::FailedCall, &[5], 0), None);
+        assert_eq!(
+            truncation(&msgs, &origin, Signal::FailedCall, &[5], 0),
+            None
+        );
     }
 
     #[test]

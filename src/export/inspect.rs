@@ -48,7 +48,12 @@ pub struct RewardStats {
 }
 
 fn reward_stats(rewards: &[Option<f64>]) -> RewardStats {
-    let mut v: Vec<f64> = rewards.iter().flatten().copied().filter(|r| !r.is_nan()).collect();
+    let mut v: Vec<f64> = rewards
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|r| !r.is_nan())
+        .collect();
     v.sort_by(f64::total_cmp);
     let mut s = RewardStats {
         count: v.len(),
@@ -124,11 +129,26 @@ impl Summary {
         let f = |x: Option<f64>| x.map_or("-".to_owned(), |x| format!("{x:.4}"));
         let r = &self.rewards;
         let mut out = String::new();
-        let _ = writeln!(out, "rollouts     {} with calls, {} finished ({})", self.rollouts, self.finished, map_line(&self.rollout_status));
-        let _ = writeln!(out, "calls        {} ({})", self.calls, map_line(&self.calls_by_status));
+        let _ = writeln!(
+            out,
+            "rollouts     {} with calls, {} finished ({})",
+            self.rollouts,
+            self.finished,
+            map_line(&self.rollout_status)
+        );
+        let _ = writeln!(
+            out,
+            "calls        {} ({})",
+            self.calls,
+            map_line(&self.calls_by_status)
+        );
         let _ = writeln!(out, "wire APIs    {}", map_line(&self.calls_by_wire_api));
         let _ = writeln!(out, "failures     {}", map_line(&self.failures_by_class));
-        let _ = writeln!(out, "tokens       {} prompt, {} completion (usage)", self.prompt_tokens, self.completion_tokens);
+        let _ = writeln!(
+            out,
+            "tokens       {} prompt, {} completion (usage)",
+            self.prompt_tokens, self.completion_tokens
+        );
         let _ = writeln!(
             out,
             "token ids    {} calls, {} prompt ids, {} completion ids",
@@ -137,12 +157,21 @@ impl Summary {
         let _ = writeln!(
             out,
             "rewards      {} given, {} missing; min {} mean {} median {} max {}",
-            r.count, r.missing, f(r.min), f(r.mean), f(r.median), f(r.max)
+            r.count,
+            r.missing,
+            f(r.min),
+            f(r.mean),
+            f(r.median),
+            f(r.max)
         );
         if !r.values.is_empty() {
             let _ = writeln!(out, "             values: {}", map_line(&r.values));
         }
-        let _ = writeln!(out, "segments     {} ({} mismatches)", self.segments, self.mismatches);
+        let _ = writeln!(
+            out,
+            "segments     {} ({} mismatches)",
+            self.segments, self.mismatches
+        );
         out
     }
 }
@@ -163,17 +192,37 @@ fn render_message(out: &mut String, i: usize, m: &Value, origin: Option<i64>) {
         (r, _, _) => r.to_owned(),
     };
     let text = content_text(m.get("content"));
-    let _ = writeln!(out, "  {i:>3} [{tag}] {}", clip(text.trim(), 600).replace('\n', "\n        "));
-    if let Some(r) = m.get("reasoning_content").and_then(Value::as_str).filter(|r| !r.is_empty()) {
-        let _ = writeln!(out, "        (reasoning) {}", clip(r.trim(), 300).replace('\n', " "));
+    let _ = writeln!(
+        out,
+        "  {i:>3} [{tag}] {}",
+        clip(text.trim(), 600).replace('\n', "\n        ")
+    );
+    if let Some(r) = m
+        .get("reasoning_content")
+        .and_then(Value::as_str)
+        .filter(|r| !r.is_empty())
+    {
+        let _ = writeln!(
+            out,
+            "        (reasoning) {}",
+            clip(r.trim(), 300).replace('\n', " ")
+        );
     }
-    for c in m.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+    for c in m
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         let f = c.get("function").unwrap_or(c);
         let _ = writeln!(
             out,
             "        → {}({}) [{}]",
             f.get("name").and_then(Value::as_str).unwrap_or("?"),
-            clip(f.get("arguments").and_then(Value::as_str).unwrap_or(""), 300),
+            clip(
+                f.get("arguments").and_then(Value::as_str).unwrap_or(""),
+                300
+            ),
             c.get("id").and_then(Value::as_str).unwrap_or("")
         );
     }
@@ -230,7 +279,11 @@ pub fn transcript(shards: &Path, rollout_id: &str) -> Result<String, ExportError
     let mut mm = vec![];
     let segs = trajectory::segment(&turns, &mut mm);
     for seg in &segs {
-        let seqs: Vec<String> = seg.turns.iter().map(|&k| turns[k].call.sequence.to_string()).collect();
+        let seqs: Vec<String> = seg
+            .turns
+            .iter()
+            .map(|&k| turns[k].call.sequence.to_string())
+            .collect();
         let first = turns[seg.turns[0]].call;
         let _ = writeln!(
             out,
@@ -247,7 +300,11 @@ pub fn transcript(shards: &Path, rollout_id: &str) -> Result<String, ExportError
                 (_, Some(t)) => format!("token {t}"),
                 _ => "start".into(),
             };
-            let _ = writeln!(out, "   (new segment: differs from call {} at {at}: {})", m.previous_sequence, m.reason);
+            let _ = writeln!(
+                out,
+                "   (new segment: differs from call {} at {at}: {})",
+                m.previous_sequence, m.reason
+            );
         }
         let (msgs, origin) = trajectory::conversation(&turns, seg);
         for (i, m) in msgs.iter().enumerate() {

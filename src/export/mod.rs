@@ -129,10 +129,16 @@ impl SampleMeta {
 
 impl Filters {
     pub fn keep(&self, m: &SampleMeta) -> bool {
-        if self.min_reward.is_some_and(|min| m.reward.is_none_or(|r| r < min)) {
+        if self
+            .min_reward
+            .is_some_and(|min| m.reward.is_none_or(|r| r < min))
+        {
             return false;
         }
-        if self.max_reward.is_some_and(|max| m.reward.is_none_or(|r| r > max)) {
+        if self
+            .max_reward
+            .is_some_and(|max| m.reward.is_none_or(|r| r > max))
+        {
             return false;
         }
         if !self.status.is_empty()
@@ -332,7 +338,10 @@ mod tests {
             min_reward: Some(-1.0),
             ..Default::default()
         };
-        assert!(!f.keep(&none), "a missing reward never passes a reward filter");
+        assert!(
+            !f.keep(&none),
+            "a missing reward never passes a reward filter"
+        );
     }
 
     #[test]

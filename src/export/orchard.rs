@@ -56,7 +56,9 @@ pub fn batch(rows: &[OrchardRow]) -> Result<RecordBatch, arrow::error::ArrowErro
         schema(),
         vec![
             messages_array(&refs, false),
-            Arc::new(StringArray::from_iter(rows.iter().map(|r| r.tools.as_deref()))) as ArrayRef,
+            Arc::new(StringArray::from_iter(
+                rows.iter().map(|r| r.tools.as_deref()),
+            )) as ArrayRef,
             Arc::new(StringArray::from_iter(
                 rows.iter().map(|r| r.metadata.as_deref()),
             )),
@@ -65,7 +67,10 @@ pub fn batch(rows: &[OrchardRow]) -> Result<RecordBatch, arrow::error::ArrowErro
 }
 
 /// Read an Orchard file (`.parquet`, or JSON lines otherwise).
-pub fn read_rows(path: &Path, mut each: impl FnMut(usize, OrchardRow) -> Result<(), ExportError>) -> Result<usize, ExportError> {
+pub fn read_rows(
+    path: &Path,
+    mut each: impl FnMut(usize, OrchardRow) -> Result<(), ExportError>,
+) -> Result<usize, ExportError> {
     let name = path.display().to_string();
     let bad = |row: usize, why: String| ExportError::Input {
         file: name.clone(),
@@ -194,7 +199,14 @@ pub fn to_rollout(row: &OrchardRow, rollout_id: &str, now: i64) -> (Vec<CallRow>
             tools: tools.as_ref().map(Value::to_string),
             response_message: Some(m.to_string()),
             tool_calls: tool_calls.map(Value::to_string),
-            finish_reason: Some(if tool_calls.is_some() { "tool_calls" } else { "stop" }.into()),
+            finish_reason: Some(
+                if tool_calls.is_some() {
+                    "tool_calls"
+                } else {
+                    "stop"
+                }
+                .into(),
+            ),
             received_at: now,
             first_byte_at: None,
             done_at: Some(now),
@@ -229,9 +241,19 @@ pub fn to_rollout(row: &OrchardRow, rollout_id: &str, now: i64) -> (Vec<CallRow>
 /// The rollout id of an imported row: `metadata.rollout_id` (with
 /// `-s<segment>` for a later segment) when present, else `orchard-<stem>-<row>`.
 fn import_id(row: &OrchardRow, stem: &str, n: usize) -> String {
-    let meta: Option<Value> = row.metadata.as_deref().and_then(|m| serde_json::from_str(m).ok());
-    let rid = meta.as_ref().and_then(|m| m.get("rollout_id")).and_then(Value::as_str);
-    let seg = meta.as_ref().and_then(|m| m.get("segment")).and_then(Value::as_i64).unwrap_or(0);
+    let meta: Option<Value> = row
+        .metadata
+        .as_deref()
+        .and_then(|m| serde_json::from_str(m).ok());
+    let rid = meta
+        .as_ref()
+        .and_then(|m| m.get("rollout_id"))
+        .and_then(Value::as_str);
+    let seg = meta
+        .as_ref()
+        .and_then(|m| m.get("segment"))
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
     match rid {
         Some(r) if seg > 0 => format!("{r}-s{seg}"),
         Some(r) => r.to_owned(),
@@ -288,7 +310,11 @@ fn export_metadata(s: &super::sft::SftSample, info: Option<&RolloutInfo>) -> Str
         .and_then(|m| serde_json::from_str(m).ok())
         .unwrap_or_default();
     if !m.contains_key("verify_status") {
-        let status = if credit::unresolved(info) { "failure" } else { "success" };
+        let status = if credit::unresolved(info) {
+            "failure"
+        } else {
+            "success"
+        };
         m.insert("verify_status".into(), json!(status));
     }
     m.insert("rollout_id".into(), json!(s.rollout_id));
@@ -369,12 +395,19 @@ mod tests {
         let mut w = ParquetOut::create(input.clone(), schema()).expect("create");
         let mut failing = row();
         failing.metadata = Some(r#"{"instance_id":"x__y-2","verify_status":"failed"}"#.into());
-        w.write(&batch(&[row(), failing]).expect("batch")).expect("write");
+        w.write(&batch(&[row(), failing]).expect("batch"))
+            .expect("write");
         w.close().expect("close");
 
         let shards = dir.path().join("shards");
         let got = import(&input, &shards).expect("import");
-        assert_eq!(got, Imported { rollouts: 2, calls: 4 });
+        assert_eq!(
+            got,
+            Imported {
+                rollouts: 2,
+                calls: 4
+            }
+        );
         let rolls = read::read_rollouts(&shards).expect("rollouts");
         let r0 = &rolls["orchard-in-000000"];
         assert_eq!((r0.status.as_str(), r0.reward), ("success", Some(1.0)));
@@ -393,12 +426,22 @@ mod tests {
         let orig = row();
         let norm = |v: &[Value]| v.iter().map(Msg::from_value).collect::<Vec<_>>();
         assert_eq!(norm(&rows[0].messages), norm(&orig.messages));
-        assert_eq!(rows[0].tools.as_deref().map(|t| serde_json::from_str::<Value>(t).ok()), orig.tools.as_deref().map(|t| serde_json::from_str::<Value>(t).ok()));
-        let meta: Value = serde_json::from_str(rows[0].metadata.as_deref().unwrap_or("{}")).expect("json");
+        assert_eq!(
+            rows[0]
+                .tools
+                .as_deref()
+                .map(|t| serde_json::from_str::<Value>(t).ok()),
+            orig.tools
+                .as_deref()
+                .map(|t| serde_json::from_str::<Value>(t).ok())
+        );
+        let meta: Value =
+            serde_json::from_str(rows[0].metadata.as_deref().unwrap_or("{}")).expect("json");
         assert_eq!(meta["verify_status"], "success");
         assert_eq!(meta["instance_id"], "x__y-1");
         assert_eq!(meta["reward"], 1.0);
-        let meta1: Value = serde_json::from_str(rows[1].metadata.as_deref().unwrap_or("{}")).expect("json");
+        let meta1: Value =
+            serde_json::from_str(rows[1].metadata.as_deref().unwrap_or("{}")).expect("json");
         assert_eq!(meta1["verify_status"], "failed");
 
         // Exporting the imported shards again in Orchard form and importing

@@ -178,7 +178,9 @@ pub fn for_each_call(
 ) -> Result<usize, ExportError> {
     let files = shard_files(dir, "calls")?;
     if files.is_empty() {
-        return Err(ExportError::NoShards(dir.join("calls").display().to_string()));
+        return Err(ExportError::NoShards(
+            dir.join("calls").display().to_string(),
+        ));
     }
     let mut n = 0;
     for path in &files {
@@ -585,7 +587,10 @@ mod tests {
         encode(&c, &mut b);
         let d = decode(&b).expect("decodes");
         assert_eq!(d.prompt_ids, c.prompt_ids);
-        assert!(d.completion_logprobs.as_ref().is_some_and(|v| v[1].is_nan()));
+        assert!(d
+            .completion_logprobs
+            .as_ref()
+            .is_some_and(|v| v[1].is_nan()));
         assert_eq!(d.completion_tokens, Some(3));
         assert_eq!(d.route, None);
         assert!(decode(&b[..b.len() - 1]).is_none());
@@ -657,12 +662,15 @@ mod partition_tests {
         rows.push(call_row("r00", 0)); // a duplicate row
         write_now(&cfg, rows).expect("write");
         let collect = |per: usize| {
-            let mut p = Partitions::load(&cfg.dir, &dir.path().join("spill"), per, |_| true)
-                .expect("load");
+            let mut p =
+                Partitions::load(&cfg.dir, &dir.path().join("spill"), per, |_| true).expect("load");
             let mut out = vec![];
             for i in 0..p.len() {
                 for r in by_rollout(p.take(i).expect("take")) {
-                    out.push((r[0].rollout_id.clone(), r.iter().map(|c| c.sequence).collect::<Vec<_>>()));
+                    out.push((
+                        r[0].rollout_id.clone(),
+                        r.iter().map(|c| c.sequence).collect::<Vec<_>>(),
+                    ));
                 }
             }
             (p.len(), out)

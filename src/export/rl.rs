@@ -239,7 +239,9 @@ fn schema(t: Trainer) -> SchemaRef {
 }
 
 fn int_lists<'a>(rows: impl Iterator<Item = Vec<&'a [i32]>> + Clone) -> ArrayRef {
-    let lens = rows.clone().map(|parts| parts.iter().map(|p| p.len()).sum());
+    let lens = rows
+        .clone()
+        .map(|parts| parts.iter().map(|p| p.len()).sum());
     Arc::new(ListArray::new(
         Arc::new(Field::new("item", DataType::Int32, true)),
         OffsetBuffer::from_lengths(lens),
@@ -390,7 +392,13 @@ mod tests {
         };
         let mut report = Report::default();
         let mut mm = vec![];
-        let s = rollout_samples(&calls, Some(&info), &RlOptions::default(), &mut report, &mut mm);
+        let s = rollout_samples(
+            &calls,
+            Some(&info),
+            &RlOptions::default(),
+            &mut report,
+            &mut mm,
+        );
         assert_eq!(s.len(), 1, "{mm:?}");
         let s = &s[0];
         assert_eq!(s.prompt_ids, vec![1, 2]);
@@ -421,7 +429,13 @@ mod tests {
         };
         let mut report = Report::default();
         let mut mm = vec![];
-        let s = rollout_samples(&calls, Some(&info), &RlOptions::default(), &mut report, &mut mm);
+        let s = rollout_samples(
+            &calls,
+            Some(&info),
+            &RlOptions::default(),
+            &mut report,
+            &mut mm,
+        );
         assert_eq!(s.len(), 2);
         assert_eq!((s[0].segment, s[1].segment), (0, 1));
         assert_eq!(s[1].prompt_ids, vec![1, 9, 9]);
@@ -439,13 +453,32 @@ mod tests {
                 .map(|f| f.name().clone())
                 .collect::<Vec<_>>()
         };
-        for n in ["uid", "prompt_ids", "response_ids", "response_mask", "rollout_log_probs"] {
+        for n in [
+            "uid",
+            "prompt_ids",
+            "response_ids",
+            "response_mask",
+            "rollout_log_probs",
+        ] {
             assert!(names(Trainer::Verl).contains(&n.to_owned()), "verl {n}");
         }
-        for n in ["tokens", "response_length", "loss_mask", "rollout_log_probs", "reward", "group_index"] {
+        for n in [
+            "tokens",
+            "response_length",
+            "loss_mask",
+            "rollout_log_probs",
+            "reward",
+            "group_index",
+        ] {
             assert!(names(Trainer::Slime).contains(&n.to_owned()), "slime {n}");
         }
-        for n in ["prompt_ids", "completion_ids", "completion_mask", "old_per_token_logps", "reward"] {
+        for n in [
+            "prompt_ids",
+            "completion_ids",
+            "completion_mask",
+            "old_per_token_logps",
+            "reward",
+        ] {
             assert!(names(Trainer::Trl).contains(&n.to_owned()), "trl {n}");
         }
         let s = RlSample {
@@ -464,7 +497,12 @@ mod tests {
             model: None,
             sequences: vec![0],
         };
-        for t in [Trainer::Generic, Trainer::Verl, Trainer::Slime, Trainer::Trl] {
+        for t in [
+            Trainer::Generic,
+            Trainer::Verl,
+            Trainer::Slime,
+            Trainer::Trl,
+        ] {
             let b = batch(t, std::slice::from_ref(&s)).expect("batch");
             assert_eq!(b.num_rows(), 1);
         }
@@ -473,7 +511,9 @@ mod tests {
         use arrow::array::AsArray;
         let t = tokens.as_list::<i32>().value(0);
         assert_eq!(
-            t.as_primitive::<arrow::datatypes::Int32Type>().values().to_vec(),
+            t.as_primitive::<arrow::datatypes::Int32Type>()
+                .values()
+                .to_vec(),
             vec![1, 2, 3]
         );
     }

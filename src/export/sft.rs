@@ -54,7 +54,11 @@ impl Msg {
                                 .and_then(Value::as_str)
                                 .unwrap_or("function")
                                 .to_owned(),
-                            name: f.get("name").and_then(Value::as_str).unwrap_or("").to_owned(),
+                            name: f
+                                .get("name")
+                                .and_then(Value::as_str)
+                                .unwrap_or("")
+                                .to_owned(),
                             arguments: match f.get("arguments") {
                                 Some(Value::String(a)) => a.clone(),
                                 None | Some(Value::Null) => "{}".to_owned(),
@@ -245,7 +249,9 @@ pub fn messages_from_array(a: &dyn Array, row: usize) -> Option<Vec<Value>> {
         if let Some(tc) = field("tool_calls").filter(|c| !c.is_null(i)) {
             let calls = tc.as_list_opt::<i32>().map(|l| l.value(i));
             if let Some(cs) = calls.as_ref().and_then(|c| c.as_struct_opt()) {
-                let f = cs.column_by_name("function").and_then(|f| f.as_struct_opt());
+                let f = cs
+                    .column_by_name("function")
+                    .and_then(|f| f.as_struct_opt());
                 let v: Vec<Value> = (0..cs.len())
                     .map(|j| {
                         json!({
@@ -528,7 +534,8 @@ impl SftWriter {
     }
 
     pub fn push(&mut self, s: SftSample) -> Result<(), ExportError> {
-        let line = serde_json::to_string(&sft_json(&s)).map_err(|e| write_err(&self.jsonl_path, e))?;
+        let line =
+            serde_json::to_string(&sft_json(&s)).map_err(|e| write_err(&self.jsonl_path, e))?;
         writeln!(self.jsonl, "{line}").map_err(|e| write_err(&self.jsonl_path, e))?;
         self.pending.push(s);
         if self.pending.len() >= 256 {
@@ -589,7 +596,7 @@ mod tests {
 
     #[test]
     fn messages_column_round_trips() {
-        let v = vec![
+        let v = [
             json!({"role": "user", "content": [{"type": "text", "text": "hi"}]}),
             json!({"role": "assistant", "content": null, "reasoning_content": "think",
                 "tool_calls": [{"id": "c", "type": "function", "function": {"name": "bash", "arguments": "{\"command\":\"ls\"}"}}]}),

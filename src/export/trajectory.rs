@@ -125,7 +125,10 @@ fn tool_calls(m: &Value) -> Vec<(String, String, Value)> {
             };
             (
                 c.get("id").and_then(Value::as_str).unwrap_or("").to_owned(),
-                f.get("name").and_then(Value::as_str).unwrap_or("").to_owned(),
+                f.get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
                 args,
             )
         })
@@ -214,7 +217,12 @@ pub fn extends(prev: &Turn, cur: &Turn) -> Result<(), Diff> {
         });
     };
     let want = prev.messages.len() + 1;
-    for (i, a) in prev.messages.iter().chain(std::iter::once(resp)).enumerate() {
+    for (i, a) in prev
+        .messages
+        .iter()
+        .chain(std::iter::once(resp))
+        .enumerate()
+    {
         let Some(b) = cur.messages.get(i) else {
             return Err(Diff {
                 message_index: Some(i),
@@ -300,7 +308,9 @@ pub fn conversation(turns: &[Turn], seg: &Segment) -> (Vec<Value>, Vec<Option<i6
     let mut origin = vec![None; msgs.len()];
     for &k in &seg.turns {
         let i = turns[k].messages.len();
-        if turns[k].response.is_some() && i < msgs.len() && str_field(&msgs[i], "role") == "assistant"
+        if turns[k].response.is_some()
+            && i < msgs.len()
+            && str_field(&msgs[i], "role") == "assistant"
         {
             origin[i] = Some(turns[k].call.sequence);
         }
@@ -338,7 +348,8 @@ mod tests {
         // re-serialized without spaces, content as a list of parts.
         let a1_echo = json!({"role": "assistant", "content": "", "reasoning_content": "hmm",
             "tool_calls": [tc("c1", "{\"command\":\"ls\"}")]});
-        let user_parts = json!({"role": "user", "content": [{"type": "text", "text": "list files"}]});
+        let user_parts =
+            json!({"role": "user", "content": [{"type": "text", "text": "list files"}]});
         let tool = json!({"role": "tool", "tool_call_id": "c1", "content": "a.txt"});
         let a2 = json!({"role": "assistant", "content": "a.txt is there"});
         let calls = [
@@ -361,13 +372,18 @@ mod tests {
         let a1 = json!({"role": "assistant", "content": "looking"});
         let u2 = json!({"role": "user", "content": "go on"});
         let a2 = json!({"role": "assistant", "content": "done step 2"});
-        let summary = json!({"role": "user", "content": "Summary of the work so far: looked, did step 2"});
+        let summary =
+            json!({"role": "user", "content": "Summary of the work so far: looked, did step 2"});
         let a3 = json!({"role": "assistant", "content": "continuing"});
         let calls = [
             call(0, json!([user]), a1.clone()),
             call(1, json!([user, a1, u2]), a2),
             call(2, json!([summary]), a3.clone()),
-            call(3, json!([summary, a3, {"role": "user", "content": "more"}]), json!({"role": "assistant", "content": "ok"})),
+            call(
+                3,
+                json!([summary, a3, {"role": "user", "content": "more"}]),
+                json!({"role": "assistant", "content": "ok"}),
+            ),
         ];
         let turns: Vec<Turn> = calls.iter().map(Turn::parse).collect();
         let mut mm = vec![];
@@ -380,15 +396,27 @@ mod tests {
         assert_eq!(mm[0].sequence, 2);
         assert_eq!(mm[0].previous_sequence, 1);
         assert_eq!(mm[0].message_index, Some(0));
-        assert!(mm[0].reason.contains("user content differs"), "{}", mm[0].reason);
+        assert!(
+            mm[0].reason.contains("user content differs"),
+            "{}",
+            mm[0].reason
+        );
     }
 
     #[test]
     fn a_dropped_answer_is_a_mismatch_at_its_index() {
         let user = json!({"role": "user", "content": "q"});
         let calls = [
-            call(0, json!([user]), json!({"role": "assistant", "content": "first"})),
-            call(1, json!([user, {"role": "assistant", "content": "edited"}]), json!({"role": "assistant", "content": "x"})),
+            call(
+                0,
+                json!([user]),
+                json!({"role": "assistant", "content": "first"}),
+            ),
+            call(
+                1,
+                json!([user, {"role": "assistant", "content": "edited"}]),
+                json!({"role": "assistant", "content": "x"}),
+            ),
         ];
         let turns: Vec<Turn> = calls.iter().map(Turn::parse).collect();
         let mut mm = vec![];
@@ -406,7 +434,11 @@ mod tests {
         let calls = [
             call(0, json!([u]), a1.clone()),
             call(1, json!([su]), sa),
-            call(2, json!([u, a1, {"role": "user", "content": "result"}]), json!({"role": "assistant", "content": "end"})),
+            call(
+                2,
+                json!([u, a1, {"role": "user", "content": "result"}]),
+                json!({"role": "assistant", "content": "end"}),
+            ),
         ];
         let turns: Vec<Turn> = calls.iter().map(Turn::parse).collect();
         let mut mm = vec![];
@@ -420,11 +452,19 @@ mod tests {
 
     #[test]
     fn token_ids_decide_when_captured() {
-        let mut c0 = call(0, json!([{"role": "user", "content": "a"}]), json!({"role": "assistant", "content": "b"}));
+        let mut c0 = call(
+            0,
+            json!([{"role": "user", "content": "a"}]),
+            json!({"role": "assistant", "content": "b"}),
+        );
         c0.prompt_ids = Some(vec![1, 2]);
         c0.completion_ids = Some(vec![3]);
         // Messages differ (a harness rewrote text) but tokens extend.
-        let mut c1 = call(1, json!([{"role": "user", "content": "zzz"}]), json!({"role": "assistant", "content": "d"}));
+        let mut c1 = call(
+            1,
+            json!([{"role": "user", "content": "zzz"}]),
+            json!({"role": "assistant", "content": "d"}),
+        );
         c1.prompt_ids = Some(vec![1, 2, 3, 9]);
         c1.completion_ids = Some(vec![4]);
         let mut c2 = c1.clone();

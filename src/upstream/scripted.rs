@@ -795,7 +795,8 @@ impl Answer {
                 };
                 let mut choice = json!({"index": 0, "message": message, "finish_reason": if self.tool.is_some() {"tool_calls"} else {"stop"}, "logprobs": null});
                 if self.logprobs {
-                    choice["logprobs"] = json!({"content": Self::logprob_entries(&self.generated())});
+                    choice["logprobs"] =
+                        json!({"content": Self::logprob_entries(&self.generated())});
                 }
                 let mut v = json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion", "created": 1_700_000_000, "model": self.model,
                     "choices": [choice], "usage": self.chat_usage()});
@@ -959,12 +960,17 @@ impl Answer {
         match &self.tool {
             Some((name, args)) => {
                 let gen = self.generated();
-                let mut head = chunk(json!({"tool_calls": [{"index": 0, "id": format!("call_{}", self.n), "type": "function",
-                    "function": {"name": name, "arguments": ""}}]}), Value::Null,
-                    self.logprobs.then(|| ("logprobs", json!({"content": Self::logprob_entries(&gen)}))));
+                let mut head = chunk(
+                    json!({"tool_calls": [{"index": 0, "id": format!("call_{}", self.n), "type": "function",
+                    "function": {"name": name, "arguments": ""}}]}),
+                    Value::Null,
+                    self.logprobs
+                        .then(|| ("logprobs", json!({"content": Self::logprob_entries(&gen)}))),
+                );
                 if self.token_ids {
-                    let mut v: Value = serde_json::from_str(head.trim_start_matches("data: ").trim())
-                        .expect("own json");
+                    let mut v: Value =
+                        serde_json::from_str(head.trim_start_matches("data: ").trim())
+                            .expect("own json");
                     v["choices"][0]["token_ids"] = Self::token_ids(&gen);
                     head = format!("data: {v}\n\n");
                 }
