@@ -598,7 +598,7 @@ mod tests {
 }
 
 #[cfg(test)]
-mod partition_tests {
+pub(crate) mod partition_tests {
     use super::*;
     use crate::config::ShardConfig;
     use crate::record::shard::write_now;
