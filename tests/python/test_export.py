@@ -289,3 +289,55 @@ def test_errors_are_clear(tmp_path):
     p = subprocess.run([h.rollcall_bin(), "export", "rl", "--shards", str(tmp_path / "empty"), "--out", str(tmp_path / "o")],
                        capture_output=True, text=True)
     assert p.returncode != 0 and "no shards" in p.stderr
+
+
+@pytest.mark.parametrize("name", sorted(p.parent.name for p in (h.REPO_ROOT / "fixtures").glob("*/exchange.jsonl")))
+def test_real_harness_exchanges_rebuild_into_segments(name, tmp_path):
+    """Each fixture is a real multi-turn exchange of a harness (Codex on
+    Responses; opencode, OpenClaw, ZeroClaw, mini-swe-agent on Chat
+    Completions), replayed through the proxy. Codex, ZeroClaw and
+    mini-swe-agent extend their history call by call: one conversation, no
+    mismatch. opencode's first call is its title generator (a side call: its
+    own segment, while the agent's two calls form one). OpenClaw keeps an
+    internal-context user message last, after the new turns, so its history
+    is edited: a new segment, reported at message 2."""
+    import http.client
+    from urllib.parse import urlparse
+
+    import test_fixtures as tf
+
+    exchanges = tf.load(name)
+    replay = tf.Replay(exchanges)
+    try:
+        proxy = h.start_proxy(tmp_path / "p", replay.url)
+        u = urlparse(proxy.url)
+        for e in exchanges:
+            conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+            headers = {"Content-Type": "application/json"}
+            if e["user_agent"]:
+                headers["User-Agent"] = e["user_agent"]
+            conn.request("POST", f"/rollouts/{name}{e['path']}", body=e["request"].encode(), headers=headers)
+            assert conn.getresponse().read() is not None
+            conn.close()
+        h.wait_for_shards(proxy.url)
+        out = tmp_path / "sft"
+        cli("export", "sft", "--shards", str(proxy.shards), "--out", str(out))
+        mism = [json.loads(line) for line in (out / "sft_mismatches.jsonl").read_text().splitlines()]
+        rows = pq.read_table(out / "sft.parquet").to_pylist()
+        expected = {
+            "opencode": ([[0], [1, 2]], [(1, 0, "system content differs")]),
+            "openclaw": ([[0], [1]], [(1, 2, "role differs")]),
+        }.get(name, ([list(range(len(exchanges)))], []))
+        assert [r["sequences"] for r in rows] == expected[0]
+        assert len(mism) == len(expected[1])
+        for m, (seq, idx, why) in zip(mism, expected[1]):
+            assert (m["sequence"], m["message_index"]) == (seq, idx) and why in m["reason"], m
+        for r in rows:
+            msgs = r["messages"]
+            assert msgs[-1]["role"] == "assistant"
+            assert r["loss_weights"] == [1.0 if m["role"] == "assistant" else 0.0 for m in msgs]
+        main = rows[-1]["messages"]
+        assert sum(1 for m in main if m["role"] == "assistant") >= len(rows[-1]["sequences"])
+        proxy.kill()
+    finally:
+        replay.close()
