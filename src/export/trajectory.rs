@@ -66,10 +66,6 @@ impl<'a> Turn<'a> {
             response,
         }
     }
-
-    fn has_tokens(&self) -> bool {
-        self.call.prompt_ids.is_some() && self.call.completion_ids.is_some()
-    }
 }
 
 /// One segment: indexes of its turns, in order.
@@ -178,14 +174,11 @@ pub fn same_message(a: &Value, b: &Value) -> Result<(), String> {
 
 /// Does `cur` extend `prev`? On token ids when both have them, else on messages.
 pub fn extends(prev: &Turn, cur: &Turn) -> Result<(), Diff> {
-    if prev.has_tokens() && cur.call.prompt_ids.is_some() {
-        let (Some(pp), Some(pc), Some(cp)) = (
-            &prev.call.prompt_ids,
-            &prev.call.completion_ids,
-            &cur.call.prompt_ids,
-        ) else {
-            unreachable!("checked above")
-        };
+    if let (Some(pp), Some(pc), Some(cp)) = (
+        &prev.call.prompt_ids,
+        &prev.call.completion_ids,
+        &cur.call.prompt_ids,
+    ) {
         let want = pp.len() + pc.len();
         let first_diff = pp
             .iter()
