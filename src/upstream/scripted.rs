@@ -1355,9 +1355,24 @@ mod tests {
             .text()
             .await
             .unwrap();
-        assert!(text.ends_with(
-            "event: error\ndata: {\"error\":{\"message\":\"scripted stream error\",\"type\":\"api_error\"},\"type\":\"error\"}\n\n"
-        ), "{text}");
+        // Compare the error event as JSON: serde_json keeps insertion order
+        // (`preserve_order`), so its key order is not the test's business.
+        let last = text
+            .trim_end()
+            .rsplit("\n\n")
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        let data = last
+            .strip_prefix("event: error\ndata: ")
+            .unwrap_or_default();
+        assert_eq!(
+            serde_json::from_str::<Value>(data).ok(),
+            Some(
+                json!({"type": "error", "error": {"type": "api_error", "message": "scripted stream error"}})
+            ),
+            "{text}"
+        );
 
         let r = client
             .post(format!("{base}/v1/messages/count_tokens"))
