@@ -51,10 +51,12 @@ lint:
 demo: build $(VENV)/.installed
 	$(VENV)/bin/python harness-adapters/scripted-agent/demo.py --bin $(BIN)
 
-# Criterion benches, then direct vs rollcall vs LiteLLM side by side.
+# Criterion benches, then direct vs rollcall vs LiteLLM side by side, then
+# the dataset export over 1,000,000 generated call rows (rows/s, peak RSS).
 bench: $(LITELLM_VENV)/.installed
 	cargo bench --bench record
 	cargo bench --bench compare
+	cargo bench --bench export
 
 clean:
 	cargo clean

@@ -88,6 +88,29 @@ enum Command {
         #[arg(last = true, required = true)]
         task: Vec<String>,
     },
+    /// Turn shards into training datasets (see docs/datasets.md).
+    Export {
+        #[command(subcommand)]
+        command: ExportCommand,
+    },
+    /// Import trajectories from another dataset format into shards.
+    Import {
+        #[command(subcommand)]
+        command: ImportCommand,
+    },
+    /// Summarize shards: rollouts, calls, tokens, failures, rewards,
+    /// mismatches; or show one rollout as a readable transcript.
+    Inspect {
+        /// Shards directory (with calls/ and rollouts/).
+        #[arg(long)]
+        shards: PathBuf,
+        /// Show this rollout's turns instead of the summary.
+        #[arg(long)]
+        rollout: Option<String>,
+        /// Print the summary as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run the scripted model server used by tests, benchmarks and the demo
     /// (a stand-in for a real model server; see `upstream::scripted`).
     ScriptedUpstream {
@@ -98,6 +121,154 @@ enum Command {
         #[arg(long, default_value = "all")]
         apis: crate::upstream::scripted::Apis,
     },
+}
+
+#[derive(Subcommand)]
+enum ExportCommand {
+    /// One conversation per trajectory segment, OpenAI chat format with
+    /// tools and per-message loss weights: OUT/sft.parquet and OUT/sft.jsonl.
+    Sft {
+        #[arg(long)]
+        shards: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        #[command(flatten)]
+        filters: crate::export::Filters,
+        /// JSONL of {"rollout_id", "sequence", "score"}: the assistant
+        /// message produced by that call gets weight `score`.
+        #[arg(long)]
+        step_scores: Option<PathBuf>,
+        /// Cut unresolved trajectories after their last step before this
+        /// failure signal.
+        #[arg(long, value_enum)]
+        truncate_failed: Option<crate::export::credit::Signal>,
+        /// Finish-metadata key naming a rollout's group (default: group, then task).
+        #[arg(long)]
+        group_by: Option<String>,
+    },
+    /// Token-exact samples (prompt ids, interleaved response ids, loss mask,
+    /// logprobs, reward, group): OUT/rl.parquet.
+    Rl {
+        #[arg(long)]
+        shards: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        #[command(flatten)]
+        filters: crate::export::Filters,
+        /// Column names and shapes for this trainer.
+        #[arg(long, value_enum, default_value = "generic")]
+        trainer: crate::export::rl::Trainer,
+        /// Finish-metadata key naming a rollout's group (default: group, then task).
+        #[arg(long)]
+        group_by: Option<String>,
+    },
+    /// Microsoft Orchard `swe` schema (messages, tools, metadata): OUT/orchard.parquet.
+    Orchard {
+        #[arg(long)]
+        shards: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        #[command(flatten)]
+        filters: crate::export::Filters,
+    },
+}
+
+#[derive(Subcommand)]
+enum ImportCommand {
+    /// Orchard `swe` rows (.parquet or .jsonl) into shards: one rollout per
+    /// row, one call per assistant message, reward from verify_status.
+    Orchard {
+        /// Input file (.parquet, else JSON lines).
+        #[arg(long = "in")]
+        input: PathBuf,
+        /// Shards directory to write (use one no proxy is writing to).
+        #[arg(long)]
+        shards: PathBuf,
+    },
+}
+
+fn export_cmd(cmd: Command) -> Result<(), Box<dyn std::error::Error>> {
+    use crate::export::{self, credit::StepScores, orchard, rl, sft};
+    match cmd {
+        Command::Export { command } => {
+            let (out, report) = match command {
+                ExportCommand::Sft {
+                    shards,
+                    out,
+                    filters,
+                    step_scores,
+                    truncate_failed,
+                    group_by,
+                } => {
+                    let opts = sft::SftOptions {
+                        filters,
+                        step_scores: step_scores.as_deref().map(StepScores::load).transpose()?,
+                        truncate_failed,
+                        group_by,
+                    };
+                    let r = sft::export(&shards, &out, &opts)?;
+                    (out, r)
+                }
+                ExportCommand::Rl {
+                    shards,
+                    out,
+                    filters,
+                    trainer,
+                    group_by,
+                } => {
+                    let opts = rl::RlOptions {
+                        filters,
+                        trainer,
+                        group_by,
+                    };
+                    let r = rl::export(&shards, &out, &opts)?;
+                    (out, r)
+                }
+                ExportCommand::Orchard {
+                    shards,
+                    out,
+                    filters,
+                } => {
+                    let r = orchard::export(&shards, &out, &filters)?;
+                    (out, r)
+                }
+            };
+            println!("{}", export::write_report(&out, &report)?);
+            println!("wrote {} in {}", report.files.join(", "), out.display());
+            Ok(())
+        }
+        Command::Import {
+            command: ImportCommand::Orchard { input, shards },
+        } => {
+            let got = orchard::import(&input, &shards)?;
+            println!(
+                "imported {} rollouts ({} calls) into {}",
+                got.rollouts,
+                got.calls,
+                shards.display()
+            );
+            Ok(())
+        }
+        Command::Inspect {
+            shards,
+            rollout,
+            json,
+        } => {
+            match rollout {
+                Some(id) => print!("{}", export::inspect::transcript(&shards, &id)?),
+                None => {
+                    let s = export::inspect::summarize(&shards, &std::env::temp_dir())?;
+                    if json {
+                        println!("{}", serde_json::to_string_pretty(&s)?);
+                    } else {
+                        print!("{}", s.text());
+                    }
+                }
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
 }
 
 #[derive(Subcommand)]
@@ -213,6 +384,18 @@ pub fn main() -> ExitCode {
             }
         };
     }
+    if matches!(
+        cli.command,
+        Command::Export { .. } | Command::Import { .. } | Command::Inspect { .. }
+    ) {
+        return match export_cmd(cli.command) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -236,7 +419,10 @@ pub fn main() -> ExitCode {
 /// Runs a command; returns the process exit code.
 async fn run(cmd: Command) -> Result<i32, Box<dyn std::error::Error>> {
     match cmd {
-        Command::Harness { .. } => unreachable!("handled before the runtime starts"),
+        Command::Harness { .. }
+        | Command::Export { .. }
+        | Command::Import { .. }
+        | Command::Inspect { .. } => unreachable!("handled before the runtime starts"),
         Command::Run {
             harness,
             rollout,

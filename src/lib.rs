@@ -9,6 +9,7 @@
 pub mod cli;
 pub mod config;
 pub mod dialect;
+pub mod export;
 pub mod harness;
 pub mod record;
 pub mod server;

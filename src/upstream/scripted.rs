@@ -48,7 +48,9 @@
 //! `Done. The command printed: <last tool result>`. That is how the
 //! end-to-end tests give a real harness a two-turn tool-call task. A request with
 //! `logprobs: true` gets per-token logprobs; `return_token_ids: true` gets
-//! vLLM-style `prompt_token_ids` and `token_ids` (ids are byte values).
+//! vLLM-style `prompt_token_ids` and `token_ids`: byte values of the prompt
+//! rendered by a toy chat template (`chat_prompt`; Chat Completions only) and
+//! of the generated text (`generated_text`), so ids extend turn by turn.
 
 use crate::server::body::{Chunk, ProxyBody};
 use bytes::Bytes;
@@ -422,7 +424,58 @@ struct Answer {
     prompt_words: i64,
     logprobs: bool,
     token_ids: bool,
+    /// Chat: the prompt rendered by [`chat_prompt`], whose bytes are the
+    /// prompt token ids.
+    prompt: String,
     include_usage: bool,
+}
+
+/// What an assistant message "generated": its content text, then each tool
+/// call as `<tool_call>{"name": ..., "arguments": ...}</tool_call>`, with the
+/// arguments string verbatim. Its bytes are the completion token ids.
+fn generated_text(content: &str, calls: &[(&str, &str)]) -> String {
+    let mut s = content.to_owned();
+    for (name, args) in calls {
+        s.push_str(&format!(
+            "<tool_call>{{\"name\": {}, \"arguments\": {}}}</tool_call>",
+            Value::from(*name),
+            args
+        ));
+    }
+    s
+}
+
+/// A toy chat template for Chat Completions requests: `<|role|>text<|end|>`
+/// per message, an assistant message as `<|assistant|>` plus its generated
+/// text (no end marker, exactly what it completed), then `<|assistant|>`.
+/// So the next turn's prompt starts with this prompt plus the completion,
+/// as with a real model server, and token ids (bytes) extend turn by turn.
+fn chat_prompt(body: &Value) -> String {
+    let mut out = String::new();
+    for m in body["messages"].as_array().into_iter().flatten() {
+        let role = m["role"].as_str().unwrap_or("user");
+        out.push_str(&format!("<|{role}|>"));
+        let text = text_of(&m["content"]);
+        if role == "assistant" {
+            let calls: Vec<(&str, &str)> = m["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|c| {
+                    (
+                        c["function"]["name"].as_str().unwrap_or(""),
+                        c["function"]["arguments"].as_str().unwrap_or(""),
+                    )
+                })
+                .collect();
+            out.push_str(&generated_text(&text, &calls));
+        } else {
+            out.push_str(&text);
+            out.push_str("<|end|>");
+        }
+    }
+    out.push_str("<|assistant|>");
+    out
 }
 
 fn text_of(v: &Value) -> String {
@@ -676,6 +729,11 @@ impl Answer {
                 .get("logprobs")
                 .is_some_and(|v| v.as_bool() == Some(true) || v.is_number()),
             token_ids: body.get("return_token_ids").and_then(Value::as_bool) == Some(true),
+            prompt: if kind == Kind::Chat {
+                chat_prompt(body)
+            } else {
+                String::new()
+            },
             include_usage: body
                 .pointer("/stream_options/include_usage")
                 .and_then(Value::as_bool)
@@ -712,6 +770,14 @@ impl Answer {
         )
     }
 
+    /// The text this answer generated (see [`generated_text`]).
+    fn generated(&self) -> String {
+        match &self.tool {
+            Some((name, args)) => generated_text("", &[(name.as_str(), args.as_str())]),
+            None => self.text.clone(),
+        }
+    }
+
     fn token_ids(text: &str) -> Value {
         Value::Array(text.bytes().map(|b| json!(b)).collect())
     }
@@ -728,14 +794,15 @@ impl Answer {
                     None => json!({"role": "assistant", "content": self.text}),
                 };
                 let mut choice = json!({"index": 0, "message": message, "finish_reason": if self.tool.is_some() {"tool_calls"} else {"stop"}, "logprobs": null});
-                if self.logprobs && self.tool.is_none() {
-                    choice["logprobs"] = json!({"content": Self::logprob_entries(&self.text)});
+                if self.logprobs {
+                    choice["logprobs"] =
+                        json!({"content": Self::logprob_entries(&self.generated())});
                 }
                 let mut v = json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion", "created": 1_700_000_000, "model": self.model,
                     "choices": [choice], "usage": self.chat_usage()});
                 if self.token_ids {
-                    v["prompt_token_ids"] = json!([1, 2, 3]);
-                    v["choices"][0]["token_ids"] = Self::token_ids(&self.text);
+                    v["prompt_token_ids"] = Self::token_ids(&self.prompt);
+                    v["choices"][0]["token_ids"] = Self::token_ids(&self.generated());
                 }
                 v
             }
@@ -883,7 +950,7 @@ impl Answer {
             format!("data: {c}\n\n")
         };
         let mut out = vec![];
-        let first_extra = self.token_ids.then(|| json!([1, 2, 3]));
+        let first_extra = self.token_ids.then(|| Self::token_ids(&self.prompt));
         let mut first = json!({"id": id, "object": "chat.completion.chunk", "created": 1_700_000_000, "model": self.model,
             "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null, "logprobs": null}]});
         if let Some(p) = first_extra {
@@ -892,8 +959,22 @@ impl Answer {
         out.push(format!("data: {first}\n\n"));
         match &self.tool {
             Some((name, args)) => {
-                out.push(chunk(json!({"tool_calls": [{"index": 0, "id": format!("call_{}", self.n), "type": "function",
-                    "function": {"name": name, "arguments": ""}}]}), Value::Null, None));
+                let gen = self.generated();
+                let mut head = chunk(
+                    json!({"tool_calls": [{"index": 0, "id": format!("call_{}", self.n), "type": "function",
+                    "function": {"name": name, "arguments": ""}}]}),
+                    Value::Null,
+                    self.logprobs
+                        .then(|| ("logprobs", json!({"content": Self::logprob_entries(&gen)}))),
+                );
+                if self.token_ids {
+                    let mut v: Value =
+                        serde_json::from_str(head.trim_start_matches("data: ").trim())
+                            .expect("own json");
+                    v["choices"][0]["token_ids"] = Self::token_ids(&gen);
+                    head = format!("data: {v}\n\n");
+                }
+                out.push(head);
                 let chars: Vec<char> = args.chars().collect();
                 let size = chars.len().div_ceil(k.max(1)).max(1);
                 for piece in chars.chunks(size) {
@@ -1274,9 +1355,24 @@ mod tests {
             .text()
             .await
             .unwrap();
-        assert!(text.ends_with(
-            "event: error\ndata: {\"error\":{\"message\":\"scripted stream error\",\"type\":\"api_error\"},\"type\":\"error\"}\n\n"
-        ), "{text}");
+        // Compare the error event as JSON: serde_json keeps insertion order
+        // (`preserve_order`), so its key order is not the test's business.
+        let last = text
+            .trim_end()
+            .rsplit("\n\n")
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        let data = last
+            .strip_prefix("event: error\ndata: ")
+            .unwrap_or_default();
+        assert_eq!(
+            serde_json::from_str::<Value>(data).ok(),
+            Some(
+                json!({"type": "error", "error": {"type": "api_error", "message": "scripted stream error"}})
+            ),
+            "{text}"
+        );
 
         let r = client
             .post(format!("{base}/v1/messages/count_tokens"))

@@ -335,6 +335,27 @@ def last_user_text(request_json: dict) -> str | None:
     return None
 
 
+def scripted_prompt_ids(messages: list[dict]) -> list[int]:
+    """The prompt token ids the scripted upstream returns for a Chat
+    Completions request: bytes of its toy chat template (see `chat_prompt`
+    in src/upstream/scripted.rs)."""
+    out = ""
+    for m in messages:
+        role = m.get("role", "user")
+        c = m.get("content")
+        text = c if isinstance(c, str) else "".join(p.get("text", "") for p in (c or []))
+        out += f"<|{role}|>"
+        if role == "assistant":
+            out += text
+            for tc in m.get("tool_calls") or []:
+                f = tc["function"]
+                out += '<tool_call>{"name": ' + json.dumps(f["name"]) + ', "arguments": ' + f["arguments"] + "}</tool_call>"
+        else:
+            out += text + "<|end|>"
+    out += "<|assistant|>"
+    return list(out.encode())
+
+
 # ---------------------------------------------------------------- SSE
 
 

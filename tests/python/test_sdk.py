@@ -170,7 +170,7 @@ def test_chat_non_streaming_and_streaming(proxy):
     # token capture
     assert json.loads(r3["request"])["return_token_ids"] is True
     assert r3["token_capture"] == "ids_and_logprobs"
-    assert r3["prompt_token_ids"] == [1, 2, 3]
+    assert r3["prompt_token_ids"] == list(b"<|user|>ids<|end|><|assistant|>")
     assert r3["completion_token_ids"] == list(c3_text.encode())
     assert r3["completion_logprobs"] == sdk_lp
 

@@ -223,7 +223,7 @@ def test_vllm_route_captures_tokens_the_harness_did_not_ask_for(stream, make_pro
     assert "return_token_ids" not in json.loads(row["request"])
     assert row["token_capture"] == "ids_and_logprobs"
     assert list(row["completion_token_ids"]) == list(text.encode())
-    assert list(row["prompt_token_ids"]) == [1, 2, 3]
+    assert list(row["prompt_token_ids"]) == list(b"<|user|>tokens please<|end|><|assistant|>")
     assert len(row["completion_logprobs"]) == len(text.encode())
     assert b"token_ids\":[" not in row["response_raw"] and b"token_ids\":[" in row["upstream_response_raw"]
 

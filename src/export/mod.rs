@@ -1,0 +1,435 @@
+//! Datasets from shards: SFT conversations, token-exact RL samples, the
+//! Orchard `swe` schema (both ways), and `inspect`. See `docs/datasets.md`.
+//!
+//! Every export runs the same pipeline in bounded memory: finish rows are
+//! read into a map (one per rollout), calls are streamed out of the shards
+//! and hash-partitioned by rollout into spill files (`read`), then each
+//! partition is loaded, sorted, split into rollouts, and each rollout is
+//! rebuilt into trajectory segments (`trajectory`) and written out. The
+//! output order is fixed (partition, then rollout id, then segment), so the
+//! same shards always give byte-identical files.
+
+pub mod credit;
+pub mod inspect;
+pub mod orchard;
+pub mod read;
+pub mod rl;
+pub mod sft;
+pub mod time;
+pub mod trajectory;
+
+use read::{CallRec, Partitions, RolloutInfo};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use trajectory::Mismatch;
+
+/// Errors of the export commands.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// shards directory {0} does not exist
+    #[error("shards directory {0} does not exist")]
+    NoDir(String),
+    /// no shards in {0}
+    #[error("no shards in {0}")]
+    NoShards(String),
+    /// cannot read shard {path}: {message}
+    #[error("cannot read shard {path}: {message}")]
+    Shard { path: String, message: String },
+    /// {0}
+    #[error("{0}")]
+    Io(String),
+    /// {file} line {line}: {why}
+    #[error("{file} line {line}: {why}")]
+    StepScores {
+        file: String,
+        line: usize,
+        why: String,
+    },
+    /// cannot write {path}: {message}
+    #[error("cannot write {path}: {message}")]
+    Write { path: String, message: String },
+    /// bad {what}: {why}
+    #[error("bad {what}: {why}")]
+    Arg { what: String, why: String },
+    /// {file} row {row}: {why}
+    #[error("{file} row {row}: {why}")]
+    Input {
+        file: String,
+        row: usize,
+        why: String,
+    },
+}
+
+pub(crate) fn write_err(p: &Path, e: impl std::fmt::Display) -> ExportError {
+    ExportError::Write {
+        path: p.display().to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// Which samples to keep. Each filter applies to a trajectory segment.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct Filters {
+    /// Keep rollouts with reward >= this (rollouts without a reward are dropped).
+    #[arg(long)]
+    pub min_reward: Option<f64>,
+    /// Keep rollouts with reward <= this (rollouts without a reward are dropped).
+    #[arg(long)]
+    pub max_reward: Option<f64>,
+    /// Keep rollouts finished with this status (repeatable).
+    #[arg(long)]
+    pub status: Vec<String>,
+    /// Keep rollouts whose harness (finish metadata `harness`, else the
+    /// user agent) contains this text, case-insensitively.
+    #[arg(long)]
+    pub harness: Option<String>,
+    /// Keep segments whose last call asked for this model.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Keep segments whose last call went through this route.
+    #[arg(long)]
+    pub route: Option<String>,
+    /// Keep segments whose first call arrived at or after this time (RFC 3339).
+    #[arg(long, value_parser = time::parse_rfc3339)]
+    pub since: Option<i64>,
+    /// Keep segments whose first call arrived before this time (RFC 3339).
+    #[arg(long, value_parser = time::parse_rfc3339)]
+    pub until: Option<i64>,
+}
+
+/// What the filters look at.
+#[derive(Debug, Clone, Default)]
+pub struct SampleMeta {
+    pub reward: Option<f64>,
+    pub status: Option<String>,
+    pub harness: Option<String>,
+    pub model: Option<String>,
+    pub route: Option<String>,
+    pub first_at: i64,
+}
+
+impl SampleMeta {
+    pub fn of(calls: &[&CallRec], info: Option<&RolloutInfo>) -> SampleMeta {
+        let first = calls.first();
+        let last = calls.last();
+        SampleMeta {
+            reward: info.and_then(|i| i.reward),
+            status: info.map(|i| i.status.clone()),
+            harness: info
+                .and_then(|i| i.meta_str("harness"))
+                .or_else(|| first.and_then(|c| c.user_agent.clone())),
+            model: last.and_then(|c| c.model.clone()),
+            route: last.and_then(|c| c.route.clone()),
+            first_at: first.map_or(0, |c| c.received_at),
+        }
+    }
+}
+
+impl Filters {
+    pub fn keep(&self, m: &SampleMeta) -> bool {
+        if self
+            .min_reward
+            .is_some_and(|min| m.reward.is_none_or(|r| r < min))
+        {
+            return false;
+        }
+        if self
+            .max_reward
+            .is_some_and(|max| m.reward.is_none_or(|r| r > max))
+        {
+            return false;
+        }
+        if !self.status.is_empty()
+            && !m
+                .status
+                .as_ref()
+                .is_some_and(|s| self.status.iter().any(|w| w == s))
+        {
+            return false;
+        }
+        if let Some(h) = &self.harness {
+            let h = h.to_lowercase();
+            if !m
+                .harness
+                .as_ref()
+                .is_some_and(|x| x.to_lowercase().contains(&h))
+            {
+                return false;
+            }
+        }
+        if self.model.is_some() && m.model != self.model {
+            return false;
+        }
+        if self.route.is_some() && m.route != self.route {
+            return false;
+        }
+        if self.since.is_some_and(|s| m.first_at < s) || self.until.is_some_and(|u| m.first_at >= u)
+        {
+            return false;
+        }
+        true
+    }
+}
+
+/// Counts of one export, written to `OUT/<kind>_report.json`.
+#[derive(Debug, Default, Clone, Serialize, PartialEq)]
+pub struct Report {
+    pub kind: String,
+    pub rollouts: usize,
+    pub calls: usize,
+    /// Calls whose status is not `ok` (never exported).
+    pub skipped_not_ok: usize,
+    /// RL: ok calls without token ids (excluded, never re-tokenized).
+    pub skipped_no_token_ids: usize,
+    /// RL: sampled tokens whose logprob was not recorded (written as NaN).
+    pub missing_logprobs: usize,
+    pub segments: usize,
+    pub mismatches: usize,
+    /// Segments dropped by the filters.
+    pub filtered: usize,
+    /// Segments dropped by `--truncate-failed` (nothing left before the signal).
+    pub dropped_by_truncation: usize,
+    pub truncated: usize,
+    pub samples: usize,
+    /// Sample count per rule.
+    pub rules: BTreeMap<String, usize>,
+    pub files: Vec<String>,
+}
+
+impl Report {
+    pub fn summary(&self) -> String {
+        format!(
+            "{}: {} samples from {} rollouts ({} calls; {} not ok skipped; {} segments; {} mismatches; {} filtered{})",
+            self.kind,
+            self.samples,
+            self.rollouts,
+            self.calls,
+            self.skipped_not_ok,
+            self.segments,
+            self.mismatches,
+            self.filtered,
+            if self.kind == "rl" {
+                format!("; {} calls without token ids", self.skipped_no_token_ids)
+            } else {
+                String::new()
+            }
+        )
+    }
+}
+
+/// Writes mismatches to `OUT/<kind>_mismatches.jsonl` as they are found.
+pub struct MismatchLog {
+    w: std::io::BufWriter<std::fs::File>,
+    path: PathBuf,
+    pub count: usize,
+}
+
+impl MismatchLog {
+    pub fn create(out: &Path, kind: &str) -> Result<MismatchLog, ExportError> {
+        let path = out.join(format!("{kind}_mismatches.jsonl"));
+        let f = std::fs::File::create(&path).map_err(|e| write_err(&path, e))?;
+        Ok(MismatchLog {
+            w: std::io::BufWriter::new(f),
+            path,
+            count: 0,
+        })
+    }
+
+    pub fn write(&mut self, mm: &[Mismatch]) -> Result<(), ExportError> {
+        for m in mm {
+            let line = serde_json::to_string(m).map_err(|e| write_err(&self.path, e))?;
+            writeln!(self.w, "{line}").map_err(|e| write_err(&self.path, e))?;
+            self.count += 1;
+        }
+        Ok(())
+    }
+
+    pub fn finish(self) -> Result<(), ExportError> {
+        self.w
+            .into_inner()
+            .map_err(|e| write_err(&self.path, e.error()))?;
+        Ok(())
+    }
+}
+
+/// Run `each` over every rollout of `shards` (its calls sorted by sequence,
+/// duplicates dropped, and its latest finish row), in a fixed order.
+/// Returns the number of calls read.
+pub fn each_rollout(
+    shards: &Path,
+    out: &Path,
+    rollouts: &BTreeMap<String, RolloutInfo>,
+    mut each: impl FnMut(&[CallRec], Option<&RolloutInfo>) -> Result<(), ExportError>,
+) -> Result<usize, ExportError> {
+    let scratch = out.join(format!(".rollcall-spill-{}", std::process::id()));
+    let mut parts = Partitions::load(shards, &scratch, read::ROWS_PER_PARTITION, |_| true)?;
+    for i in 0..parts.len() {
+        for calls in read::by_rollout(parts.take(i)?) {
+            let info = rollouts.get(&calls[0].rollout_id);
+            each(&calls, info)?;
+        }
+    }
+    Ok(parts.rows)
+}
+
+/// Create the output directory.
+pub fn prepare_out(out: &Path) -> Result<(), ExportError> {
+    std::fs::create_dir_all(out).map_err(|e| write_err(out, e))
+}
+
+/// Write the report as pretty JSON, and return its summary line.
+pub fn write_report(out: &Path, r: &Report) -> Result<String, ExportError> {
+    let path = out.join(format!("{}_report.json", r.kind));
+    let text = serde_json::to_string_pretty(r).map_err(|e| write_err(&path, e))?;
+    std::fs::write(&path, text + "\n").map_err(|e| write_err(&path, e))?;
+    Ok(r.summary())
+}
+
+/// The group of a rollout: finish metadata `KEY` when `--group-by KEY`, else
+/// `group`, else `task`, else the rollout id itself.
+pub fn group_of(rollout_id: &str, info: Option<&RolloutInfo>, group_by: Option<&str>) -> String {
+    let from_meta = info.and_then(|i| match group_by {
+        Some(k) => i.meta_str(k),
+        None => i.meta_str("group").or_else(|| i.meta_str("task")),
+    });
+    from_meta.unwrap_or_else(|| rollout_id.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters() {
+        let m = SampleMeta {
+            reward: Some(0.5),
+            status: Some("success".into()),
+            harness: Some("OpenAI/Python 2.8.1".into()),
+            model: Some("m".into()),
+            route: Some("vllm".into()),
+            first_at: 1_000,
+        };
+        assert!(Filters::default().keep(&m));
+        let f = Filters {
+            min_reward: Some(0.6),
+            ..Default::default()
+        };
+        assert!(!f.keep(&m));
+        let f = Filters {
+            max_reward: Some(0.5),
+            status: vec!["success".into()],
+            harness: Some("openai/python".into()),
+            model: Some("m".into()),
+            route: Some("vllm".into()),
+            since: Some(1_000),
+            until: Some(1_001),
+            ..Default::default()
+        };
+        assert!(f.keep(&m));
+        let f = Filters {
+            until: Some(1_000),
+            ..Default::default()
+        };
+        assert!(!f.keep(&m));
+        let none = SampleMeta::default();
+        let f = Filters {
+            min_reward: Some(-1.0),
+            ..Default::default()
+        };
+        assert!(
+            !f.keep(&none),
+            "a missing reward never passes a reward filter"
+        );
+    }
+
+    #[test]
+    fn groups() {
+        let info = RolloutInfo {
+            metadata: Some(r#"{"task": "t1", "group": 7, "split": "a"}"#.into()),
+            ..Default::default()
+        };
+        assert_eq!(group_of("r", Some(&info), None), "7");
+        assert_eq!(group_of("r", Some(&info), Some("split")), "a");
+        assert_eq!(group_of("r", Some(&info), Some("nope")), "r");
+        let task = RolloutInfo {
+            metadata: Some(r#"{"task": "t1"}"#.into()),
+            ..Default::default()
+        };
+        assert_eq!(group_of("r", Some(&task), None), "t1");
+        assert_eq!(group_of("r", None, None), "r");
+    }
+}
+
+#[cfg(test)]
+mod determinism_tests {
+    use super::*;
+    use crate::config::ShardConfig;
+    use crate::record::shard::write_now;
+    use crate::record::RolloutRow;
+    use serde_json::json;
+
+    #[test]
+    fn the_same_shards_export_to_identical_bytes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = ShardConfig {
+            dir: dir.path().join("shards"),
+            ..ShardConfig::default()
+        };
+        let mut rows = vec![];
+        let mut fins = vec![];
+        for r in 0..12 {
+            let rid = format!("r{r}");
+            let mut msgs = vec![json!({"role": "user", "content": format!("task {r}")})];
+            let mut prompt = vec![1, r];
+            for s in 0..3 {
+                let ans = json!({"role": "assistant", "content": format!("step {s}")});
+                let mut c = read::partition_tests::call_row(&rid, s);
+                c.messages = Some(serde_json::Value::Array(msgs.clone()).to_string());
+                c.response_message = Some(ans.to_string());
+                c.prompt_token_ids = Some(prompt.clone());
+                c.completion_token_ids = Some(vec![100 + s as i32]);
+                prompt.extend([100 + s as i32, 7]);
+                msgs.push(ans);
+                msgs.push(json!({"role": "user", "content": "go on"}));
+                rows.push(c);
+            }
+            fins.push(RolloutRow {
+                record_id: format!("f{r}"),
+                rollout_id: rid,
+                status: "success".into(),
+                reward: Some(f64::from(r % 2)),
+                metadata: Some(json!({"group": format!("g{}", r % 3)}).to_string()),
+                finished_at: 1,
+                calls: 3,
+            });
+        }
+        rows.reverse();
+        write_now(&cfg, rows).expect("calls");
+        write_now(&cfg, fins).expect("rollouts");
+        let run = |name: &str| {
+            let out = dir.path().join(name);
+            let s = sft::export(&cfg.dir, &out, &sft::SftOptions::default()).expect("sft");
+            assert_eq!((s.samples, s.mismatches), (12, 0));
+            let r = rl::export(&cfg.dir, &out, &rl::RlOptions::default()).expect("rl");
+            assert_eq!((r.samples, r.mismatches), (12, 0));
+            let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&out)
+                .expect("out")
+                .map(|e| {
+                    let p = e.expect("entry").path();
+                    let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
+                    (name.unwrap_or_default(), std::fs::read(&p).expect("read"))
+                })
+                .collect();
+            files.sort();
+            files
+        };
+        let (a, b) = (run("a"), run("b"));
+        assert_eq!(a.len(), 5);
+        for ((na, ba), (nb, bb)) in a.iter().zip(&b) {
+            assert_eq!(na, nb);
+            assert!(ba == bb, "{na} differs between two exports");
+        }
+    }
+}

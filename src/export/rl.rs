@@ -1,0 +1,520 @@
+//! RL export: token-exact samples, one per trajectory segment.
+//!
+//! The response interleaves actions and observations: the completion ids of
+//! call 1, then the observation tokens (the next call's prompt ids beyond
+//! the previous prompt + completion), then the completion ids of call 2, …
+//! The loss mask is 1 on sampled tokens and 0 on observations; logprobs are
+//! the rollout's own on sampled tokens and 0.0 on observations. Calls
+//! without token ids are excluded and counted, never re-tokenized.
+
+use super::read::{self, CallRec, RolloutInfo};
+use super::sft::ParquetOut;
+use super::trajectory::{self, Turn};
+use super::{ExportError, Filters, MismatchLog, Report, SampleMeta};
+use arrow::array::{
+    ArrayRef, Float32Array, Float64Array, Int32Array, Int64Array, ListArray, RecordBatch,
+    StringArray,
+};
+use arrow::buffer::OffsetBuffer;
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Column names and shapes for a trainer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Trainer {
+    /// Our names: prompt_ids, response_ids, loss_mask, logprobs, reward, group.
+    #[default]
+    Generic,
+    /// verl: uid, prompt_ids, response_ids, response_mask, rollout_log_probs.
+    Verl,
+    /// slime: tokens (prompt + response), response_length, loss_mask, rollout_log_probs, reward, group_index.
+    Slime,
+    /// TRL: prompt_ids, completion_ids, completion_mask, old_per_token_logps, reward.
+    Trl,
+}
+
+/// One RL sample.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RlSample {
+    pub sample_id: String,
+    pub rollout_id: String,
+    pub segment: i64,
+    pub group: String,
+    pub group_index: i64,
+    pub index: i64,
+    pub prompt_ids: Vec<i32>,
+    pub response_ids: Vec<i32>,
+    pub loss_mask: Vec<i32>,
+    pub logprobs: Vec<f32>,
+    pub reward: Option<f64>,
+    pub status: Option<String>,
+    pub model: Option<String>,
+    pub sequences: Vec<i64>,
+}
+
+/// RL options.
+#[derive(Debug, Clone, Default)]
+pub struct RlOptions {
+    pub filters: Filters,
+    pub trainer: Trainer,
+    pub group_by: Option<String>,
+}
+
+/// Build a rollout's RL samples (without `group_index` / `index`).
+pub fn rollout_samples(
+    calls: &[CallRec],
+    info: Option<&RolloutInfo>,
+    opts: &RlOptions,
+    report: &mut Report,
+    mismatches: &mut Vec<trajectory::Mismatch>,
+) -> Vec<RlSample> {
+    report.rollouts += 1;
+    let ok: Vec<&CallRec> = calls.iter().filter(|c| c.status == "ok").collect();
+    report.skipped_not_ok += calls.len() - ok.len();
+    let with_ids: Vec<&CallRec> = ok
+        .iter()
+        .copied()
+        .filter(|c| c.prompt_ids.is_some() && c.completion_ids.is_some())
+        .collect();
+    report.skipped_no_token_ids += ok.len() - with_ids.len();
+    let turns: Vec<Turn> = with_ids.iter().map(|c| Turn::parse(c)).collect();
+    let segs = trajectory::segment(&turns, mismatches);
+    report.segments += segs.len();
+    let rollout_id = calls.first().map_or("", |c| c.rollout_id.as_str());
+    let group = super::group_of(rollout_id, info, opts.group_by.as_deref());
+    let mut out = vec![];
+    for seg in &segs {
+        let seg_calls: Vec<&CallRec> = seg.turns.iter().map(|&k| with_ids[k]).collect();
+        let meta = SampleMeta::of(&seg_calls, info);
+        if !opts.filters.keep(&meta) {
+            report.filtered += 1;
+            continue;
+        }
+        let mut s = RlSample {
+            sample_id: format!("{rollout_id}:{}", seg.index),
+            rollout_id: rollout_id.to_owned(),
+            segment: seg.index as i64,
+            group: group.clone(),
+            group_index: 0,
+            index: 0,
+            prompt_ids: vec![],
+            response_ids: vec![],
+            loss_mask: vec![],
+            logprobs: vec![],
+            reward: meta.reward,
+            status: meta.status,
+            model: meta.model,
+            sequences: seg_calls.iter().map(|c| c.sequence).collect(),
+        };
+        let mut seen = 0usize; // prompt + completion tokens of the previous call
+        for (k, c) in seg_calls.iter().enumerate() {
+            let (Some(p), Some(comp)) = (&c.prompt_ids, &c.completion_ids) else {
+                continue;
+            };
+            if k == 0 {
+                s.prompt_ids = p.clone();
+            } else {
+                let obs = p.get(seen..).unwrap_or(&[]);
+                s.response_ids.extend_from_slice(obs);
+                s.loss_mask.extend(std::iter::repeat_n(0, obs.len()));
+                s.logprobs.extend(std::iter::repeat_n(0.0, obs.len()));
+            }
+            s.response_ids.extend_from_slice(comp);
+            s.loss_mask.extend(std::iter::repeat_n(1, comp.len()));
+            for j in 0..comp.len() {
+                let lp = c
+                    .completion_logprobs
+                    .as_ref()
+                    .and_then(|l| l.get(j).copied())
+                    .filter(|x| !x.is_nan());
+                if lp.is_none() {
+                    report.missing_logprobs += 1;
+                }
+                s.logprobs.push(lp.map_or(f32::NAN, |x| x as f32));
+            }
+            seen = p.len() + comp.len();
+        }
+        out.push(s);
+    }
+    out
+}
+
+#[derive(Clone, Copy)]
+enum Col {
+    SampleId,
+    RolloutId,
+    Segment,
+    Group,
+    GroupIndex,
+    Index,
+    PromptIds,
+    ResponseIds,
+    Tokens,
+    ResponseLength,
+    LossMask,
+    Logprobs,
+    Reward,
+    Status,
+    Model,
+    Sequences,
+}
+
+fn columns(t: Trainer) -> Vec<(&'static str, Col)> {
+    use Col::*;
+    let tail = [
+        ("sample_id", SampleId),
+        ("rollout_id", RolloutId),
+        ("segment", Segment),
+        ("status", Status),
+        ("model", Model),
+        ("sequences", Sequences),
+    ];
+    let head: Vec<(&'static str, Col)> = match t {
+        Trainer::Generic => vec![
+            ("group", Group),
+            ("prompt_ids", PromptIds),
+            ("response_ids", ResponseIds),
+            ("loss_mask", LossMask),
+            ("logprobs", Logprobs),
+            ("reward", Reward),
+        ],
+        Trainer::Verl => vec![
+            ("uid", Group),
+            ("prompt_ids", PromptIds),
+            ("response_ids", ResponseIds),
+            ("response_mask", LossMask),
+            ("rollout_log_probs", Logprobs),
+            ("reward", Reward),
+        ],
+        Trainer::Slime => vec![
+            ("index", Index),
+            ("group_index", GroupIndex),
+            ("tokens", Tokens),
+            ("response_length", ResponseLength),
+            ("loss_mask", LossMask),
+            ("rollout_log_probs", Logprobs),
+            ("reward", Reward),
+            ("group", Group),
+        ],
+        Trainer::Trl => vec![
+            ("group", Group),
+            ("prompt_ids", PromptIds),
+            ("completion_ids", ResponseIds),
+            ("completion_mask", LossMask),
+            ("old_per_token_logps", Logprobs),
+            ("reward", Reward),
+        ],
+    };
+    head.into_iter().chain(tail).collect()
+}
+
+fn list_of(t: DataType) -> DataType {
+    DataType::List(Arc::new(Field::new("item", t, true)))
+}
+
+fn schema(t: Trainer) -> SchemaRef {
+    Arc::new(Schema::new(
+        columns(t)
+            .into_iter()
+            .map(|(name, c)| {
+                let (ty, null) = match c {
+                    Col::SampleId | Col::RolloutId | Col::Group => (DataType::Utf8, false),
+                    Col::Status | Col::Model => (DataType::Utf8, true),
+                    Col::Segment | Col::GroupIndex | Col::Index | Col::ResponseLength => {
+                        (DataType::Int64, false)
+                    }
+                    Col::PromptIds | Col::ResponseIds | Col::Tokens | Col::LossMask => {
+                        (list_of(DataType::Int32), false)
+                    }
+                    Col::Logprobs => (list_of(DataType::Float32), false),
+                    Col::Reward => (DataType::Float64, true),
+                    Col::Sequences => (list_of(DataType::Int64), false),
+                };
+                Field::new(name, ty, null)
+            })
+            .collect::<Vec<_>>(),
+    ))
+}
+
+fn int_lists<'a>(rows: impl Iterator<Item = Vec<&'a [i32]>> + Clone) -> ArrayRef {
+    let lens = rows
+        .clone()
+        .map(|parts| parts.iter().map(|p| p.len()).sum());
+    Arc::new(ListArray::new(
+        Arc::new(Field::new("item", DataType::Int32, true)),
+        OffsetBuffer::from_lengths(lens),
+        Arc::new(Int32Array::from_iter_values(
+            rows.flat_map(|parts| parts.into_iter().flatten().copied()),
+        )),
+        None,
+    ))
+}
+
+fn batch(t: Trainer, rows: &[RlSample]) -> Result<RecordBatch, arrow::error::ArrowError> {
+    let strs = |f: fn(&RlSample) -> Option<&str>| -> ArrayRef {
+        Arc::new(StringArray::from_iter(rows.iter().map(f)))
+    };
+    let ints = |f: fn(&RlSample) -> i64| -> ArrayRef {
+        Arc::new(Int64Array::from_iter_values(rows.iter().map(f)))
+    };
+    let cols = columns(t)
+        .into_iter()
+        .map(|(_, c)| match c {
+            Col::SampleId => strs(|r| Some(&r.sample_id)),
+            Col::RolloutId => strs(|r| Some(&r.rollout_id)),
+            Col::Group => strs(|r| Some(&r.group)),
+            Col::Status => strs(|r| r.status.as_deref()),
+            Col::Model => strs(|r| r.model.as_deref()),
+            Col::Segment => ints(|r| r.segment),
+            Col::GroupIndex => ints(|r| r.group_index),
+            Col::Index => ints(|r| r.index),
+            Col::ResponseLength => ints(|r| r.response_ids.len() as i64),
+            Col::PromptIds => int_lists(rows.iter().map(|r| vec![r.prompt_ids.as_slice()])),
+            Col::ResponseIds => int_lists(rows.iter().map(|r| vec![r.response_ids.as_slice()])),
+            Col::Tokens => int_lists(
+                rows.iter()
+                    .map(|r| vec![r.prompt_ids.as_slice(), r.response_ids.as_slice()]),
+            ),
+            Col::LossMask => int_lists(rows.iter().map(|r| vec![r.loss_mask.as_slice()])),
+            Col::Logprobs => Arc::new(ListArray::new(
+                Arc::new(Field::new("item", DataType::Float32, true)),
+                OffsetBuffer::from_lengths(rows.iter().map(|r| r.logprobs.len())),
+                Arc::new(Float32Array::from_iter_values(
+                    rows.iter().flat_map(|r| r.logprobs.iter().copied()),
+                )),
+                None,
+            )),
+            Col::Reward => Arc::new(Float64Array::from_iter(rows.iter().map(|r| r.reward))),
+            Col::Sequences => Arc::new(ListArray::new(
+                Arc::new(Field::new("item", DataType::Int64, true)),
+                OffsetBuffer::from_lengths(rows.iter().map(|r| r.sequences.len())),
+                Arc::new(Int64Array::from_iter_values(
+                    rows.iter().flat_map(|r| r.sequences.iter().copied()),
+                )),
+                None,
+            )),
+        })
+        .collect();
+    RecordBatch::try_new(schema(t), cols)
+}
+
+/// `rollcall export rl`: writes `OUT/rl.parquet`.
+pub fn export(shards: &Path, out: &Path, opts: &RlOptions) -> Result<Report, ExportError> {
+    super::prepare_out(out)?;
+    let rollouts = read::read_rollouts(shards)?;
+    let mut report = Report {
+        kind: "rl".into(),
+        ..Default::default()
+    };
+    let mut log = MismatchLog::create(out, "rl")?;
+    let mut w = ParquetOut::create(out.join("rl.parquet"), schema(opts.trainer))?;
+    let mut groups: HashMap<String, i64> = HashMap::new();
+    let mut pending: Vec<RlSample> = vec![];
+    let mut mm = vec![];
+    let mut pending_tokens = 0usize;
+    report.calls = super::each_rollout(shards, out, &rollouts, |calls, info| {
+        for mut s in rollout_samples(calls, info, opts, &mut report, &mut mm) {
+            let next = groups.len() as i64;
+            s.group_index = *groups.entry(s.group.clone()).or_insert(next);
+            s.index = report.samples as i64;
+            report.samples += 1;
+            pending_tokens += s.prompt_ids.len() + s.response_ids.len();
+            pending.push(s);
+        }
+        if pending.len() >= 256 || pending_tokens >= 4 << 20 {
+            w.write(&batch(opts.trainer, &pending).map_err(|e| super::write_err(&w.path, e))?)?;
+            pending.clear();
+            pending_tokens = 0;
+        }
+        log.write(&mm)?;
+        mm.clear();
+        Ok(())
+    })?;
+    if !pending.is_empty() {
+        w.write(&batch(opts.trainer, &pending).map_err(|e| super::write_err(&w.path, e))?)?;
+    }
+    w.close()?;
+    report.mismatches = log.count;
+    log.finish()?;
+    *report.rules.entry("full".into()).or_default() += report.samples;
+    report.files = vec!["rl.parquet".into(), "rl_mismatches.jsonl".into()];
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tok_call(seq: i64, prompt: Vec<i32>, completion: Vec<i32>) -> CallRec {
+        CallRec {
+            rollout_id: "r1".into(),
+            sequence: seq,
+            wire_api: "chat_completions".into(),
+            status: "ok".into(),
+            messages: Some(json!([{"role": "user", "content": "x"}]).to_string()),
+            response_message: Some(json!({"role": "assistant", "content": "y"}).to_string()),
+            completion_logprobs: Some(completion.iter().map(|&t| -(t as f64) / 10.0).collect()),
+            prompt_ids: Some(prompt),
+            completion_ids: Some(completion),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn loss_mask_and_logprobs_at_the_token_level() {
+        let calls = vec![
+            tok_call(0, vec![1, 2], vec![3, 4]),
+            // observation 5, 6
+            tok_call(1, vec![1, 2, 3, 4, 5, 6], vec![7]),
+            // a call that failed: skipped, counted
+            CallRec {
+                status: "failed".into(),
+                sequence: 2,
+                ..tok_call(2, vec![], vec![])
+            },
+            // observation 8
+            tok_call(3, vec![1, 2, 3, 4, 5, 6, 7, 8], vec![9, 10]),
+            // no token ids: excluded
+            CallRec {
+                prompt_ids: None,
+                completion_ids: None,
+                ..tok_call(4, vec![], vec![])
+            },
+        ];
+        let info = RolloutInfo {
+            status: "success".into(),
+            reward: Some(1.0),
+            metadata: Some(r#"{"group": "task-a"}"#.into()),
+            finished_at: 1,
+        };
+        let mut report = Report::default();
+        let mut mm = vec![];
+        let s = rollout_samples(
+            &calls,
+            Some(&info),
+            &RlOptions::default(),
+            &mut report,
+            &mut mm,
+        );
+        assert_eq!(s.len(), 1, "{mm:?}");
+        let s = &s[0];
+        assert_eq!(s.prompt_ids, vec![1, 2]);
+        assert_eq!(s.response_ids, vec![3, 4, 5, 6, 7, 8, 9, 10]);
+        assert_eq!(s.loss_mask, vec![1, 1, 0, 0, 1, 0, 1, 1]);
+        assert_eq!(
+            s.logprobs,
+            vec![-0.3, -0.4, 0.0, 0.0, -0.7, 0.0, -0.9, -1.0]
+        );
+        assert_eq!(s.reward, Some(1.0));
+        assert_eq!(s.group, "task-a");
+        assert_eq!(s.sequences, vec![0, 1, 3]);
+        assert_eq!(report.skipped_not_ok, 1);
+        assert_eq!(report.skipped_no_token_ids, 1);
+        assert_eq!(report.missing_logprobs, 0);
+    }
+
+    #[test]
+    fn a_token_mismatch_splits_rl_samples_sharing_the_reward() {
+        let calls = vec![
+            tok_call(0, vec![1, 2], vec![3]),
+            tok_call(1, vec![1, 9, 9], vec![4]),
+        ];
+        let info = RolloutInfo {
+            status: "failure".into(),
+            reward: Some(0.0),
+            ..Default::default()
+        };
+        let mut report = Report::default();
+        let mut mm = vec![];
+        let s = rollout_samples(
+            &calls,
+            Some(&info),
+            &RlOptions::default(),
+            &mut report,
+            &mut mm,
+        );
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[0].segment, s[1].segment), (0, 1));
+        assert_eq!(s[1].prompt_ids, vec![1, 9, 9]);
+        assert!(s.iter().all(|x| x.reward == Some(0.0) && x.group == "r1"));
+        assert_eq!(mm.len(), 1);
+        assert_eq!(mm[0].token_index, Some(1));
+    }
+
+    #[test]
+    fn trainer_shapes_have_their_names() {
+        let names = |t| {
+            schema(t)
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect::<Vec<_>>()
+        };
+        for n in [
+            "uid",
+            "prompt_ids",
+            "response_ids",
+            "response_mask",
+            "rollout_log_probs",
+        ] {
+            assert!(names(Trainer::Verl).contains(&n.to_owned()), "verl {n}");
+        }
+        for n in [
+            "tokens",
+            "response_length",
+            "loss_mask",
+            "rollout_log_probs",
+            "reward",
+            "group_index",
+        ] {
+            assert!(names(Trainer::Slime).contains(&n.to_owned()), "slime {n}");
+        }
+        for n in [
+            "prompt_ids",
+            "completion_ids",
+            "completion_mask",
+            "old_per_token_logps",
+            "reward",
+        ] {
+            assert!(names(Trainer::Trl).contains(&n.to_owned()), "trl {n}");
+        }
+        let s = RlSample {
+            sample_id: "r:0".into(),
+            rollout_id: "r".into(),
+            segment: 0,
+            group: "g".into(),
+            group_index: 0,
+            index: 0,
+            prompt_ids: vec![1, 2],
+            response_ids: vec![3],
+            loss_mask: vec![1],
+            logprobs: vec![-0.5],
+            reward: None,
+            status: None,
+            model: None,
+            sequences: vec![0],
+        };
+        for t in [
+            Trainer::Generic,
+            Trainer::Verl,
+            Trainer::Slime,
+            Trainer::Trl,
+        ] {
+            let b = batch(t, std::slice::from_ref(&s)).expect("batch");
+            assert_eq!(b.num_rows(), 1);
+        }
+        let b = batch(Trainer::Slime, &[s]).expect("batch");
+        let tokens = b.column_by_name("tokens").expect("tokens");
+        use arrow::array::AsArray;
+        let t = tokens.as_list::<i32>().value(0);
+        assert_eq!(
+            t.as_primitive::<arrow::datatypes::Int32Type>()
+                .values()
+                .to_vec(),
+            vec![1, 2, 3]
+        );
+    }
+}
