@@ -294,8 +294,8 @@ def test_errors_are_clear(tmp_path):
 @pytest.mark.parametrize("name", sorted(p.parent.name for p in (h.REPO_ROOT / "fixtures").glob("*/exchange.jsonl")))
 def test_real_harness_exchanges_rebuild_into_segments(name, tmp_path):
     """Each fixture is a real multi-turn exchange of a harness (Codex on
-    Responses; opencode, OpenClaw, ZeroClaw, mini-swe-agent on Chat
-    Completions), replayed through the proxy. Codex, ZeroClaw and
+    Responses; Claude Code on Messages; opencode, OpenClaw, ZeroClaw,
+    mini-swe-agent on Chat Completions), replayed through the proxy. Codex, ZeroClaw and
     mini-swe-agent extend their history call by call: one conversation, no
     mismatch. opencode's first call is its title generator (a side call: its
     own segment, while the agent's two calls form one). OpenClaw keeps an
@@ -309,7 +309,7 @@ def test_real_harness_exchanges_rebuild_into_segments(name, tmp_path):
     exchanges = tf.load(name)
     replay = tf.Replay(exchanges)
     try:
-        proxy = h.start_proxy(tmp_path / "p", replay.url)
+        proxy = h.start_proxy(tmp_path / "p", replay.url, toml=tf.PROXY_TOML.format(upstream=replay.url))
         u = urlparse(proxy.url)
         for e in exchanges:
             conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)

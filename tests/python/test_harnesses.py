@@ -61,6 +61,7 @@ def need(name: str) -> None:
 
 def start_run(proxy: h.Proxy, name: str, rollout: str, workdir: Path, model: str = "scripted",
               env: dict | None = None, timeout: int = 600) -> subprocess.Popen:
+    workdir.parent.mkdir(parents=True, exist_ok=True)
     log = open(workdir.parent / f"{rollout}.log", "wb")
     args = [h.rollcall_bin(), "run", "--harness", name, "--rollout", rollout, "--model", model,
             "--workdir", str(workdir), "--proxy", proxy.url, "--prefix", str(HARNESS_DIR),
@@ -337,3 +338,35 @@ def test_claude_code_against_a_native_messages_upstream(make_proxy, upstream, tm
     assert {r["upstream_api"] for r in rows} == {None}
     assert all(r["upstream_request"] is None for r in rows), "forwarded byte for byte"
     assert all(r["user_agent"].startswith("claude-cli/") for r in rows)
+
+
+def test_live_harness_runs_export_to_datasets(make_proxy, upstream, tmp_path):
+    """Real harness rollouts on a vLLM-kind route (token ids and logprobs
+    recorded), finished by `rollcall run`, become SFT conversations and
+    token-exact RL samples."""
+    names = ["codex", "claude-code", "mini-swe-agent", "zeroclaw"]
+    for n in names:
+        need(n)
+    proxy = routed_proxy(make_proxy, upstream, "vllm")
+    for n in names:
+        rc, out = finish_run(start_run(proxy, n, f"live-{n}", tmp_path / n / "work"))
+        assert rc == 0, out[-3000:]
+    h.wait_for_shards(proxy.url)
+    out = tmp_path / "ds"
+    for kind in ("sft", "rl"):
+        p = subprocess.run([h.rollcall_bin(), "export", kind, "--shards", str(proxy.shards), "--out", str(out / kind)],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+    import pyarrow.parquet as pq
+    sft = pq.read_table(out / "sft" / "sft.parquet").to_pylist()
+    assert sorted(r["rollout_id"] for r in sft) == sorted(f"live-{n}" for n in names), "one segment per rollout"
+    for r in sft:
+        roles = [m["role"] for m in r["messages"]]
+        assert "tool" in roles and roles[-1] == "assistant"
+        assert r["loss_weights"] == [1.0 if role == "assistant" else 0.0 for role in roles]
+        assert r["status"] == "completed"
+    rl = pq.read_table(out / "rl" / "rl.parquet").to_pylist()
+    assert sorted(r["rollout_id"] for r in rl) == sorted(f"live-{n}" for n in names)
+    for r in rl:
+        assert len(r["response_ids"]) == len(r["loss_mask"]) == len(r["logprobs"])
+        assert 0 in r["loss_mask"] and 1 in r["loss_mask"], "actions and observations interleaved"
