@@ -36,6 +36,10 @@ enum Command {
         /// Directory for shards and the write-ahead log.
         #[arg(long)]
         shards: Option<PathBuf>,
+        /// Kind of the default route's server (what it speaks natively, and
+        /// for vllm/sglang, token capture).
+        #[arg(long, value_enum)]
+        upstream_kind: Option<crate::config::RouteKind>,
     },
     /// Install and list agent harnesses (see harness-adapters/).
     Harness {
@@ -465,6 +469,7 @@ async fn run(cmd: Command) -> Result<i32, Box<dyn std::error::Error>> {
             listen,
             upstream,
             shards,
+            upstream_kind,
         } => {
             let mut cfg = match &config {
                 Some(p) => Config::load(p)?,
@@ -478,6 +483,16 @@ async fn run(cmd: Command) -> Result<i32, Box<dyn std::error::Error>> {
             }
             if let Some(s) = shards {
                 cfg.shards.dir = s;
+            }
+            if let Some(k) = upstream_kind {
+                match cfg.default_route_mut() {
+                    Some(r) => r.kind = k,
+                    None => {
+                        return Err(
+                            "--upstream-kind needs a default route: give --upstream URL".into()
+                        )
+                    }
+                }
             }
             let server = crate::server::Server::bind(cfg).await?;
             println!("rollcall listening on http://{}", server.addr);

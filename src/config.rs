@@ -181,7 +181,7 @@ pub struct RouteConfig {
 }
 
 /// The kind of model server behind a route.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum RouteKind {
     /// OpenAI or a server that speaks its full API: Chat Completions,
@@ -279,11 +279,16 @@ impl Config {
     /// Apply `--upstream URL`: replace the default route's URL, or create a
     /// route named `default` when there is none.
     pub fn set_upstream(&mut self, url: &str) {
-        let default = self.default_route_name().map(str::to_owned);
-        match default.and_then(|d| self.routes.iter_mut().find(|r| r.name == d)) {
+        match self.default_route_mut() {
             Some(route) => route.url = url.to_owned(),
             None => self.routes.push(RouteConfig::new("default", url)),
         }
+    }
+
+    /// The default route, for the flags that override it.
+    pub fn default_route_mut(&mut self) -> Option<&mut RouteConfig> {
+        let default = self.default_route_name().map(str::to_owned)?;
+        self.routes.iter_mut().find(|r| r.name == default)
     }
 
     pub fn default_route_name(&self) -> Option<&str> {

@@ -61,11 +61,14 @@ def main():
     t0 = time.time()
     upstream_url = os.environ.get("ROLLCALL_UPSTREAM")
     up = None
+    kind = []
     if not upstream_url:
         up, base = start([a.bin, "scripted-upstream", "--listen", "127.0.0.1:0"], "scripted upstream listening on ")
         upstream_url = base + "/v1"
+        # The scripted upstream answers vLLM's token-id fields, so RL samples come out.
+        kind = ["--upstream-kind", "vllm"]
     px, proxy = start([a.bin, "serve", "--config", str(ROOT / "proxy-config/demo.toml"), "--listen", "127.0.0.1:0",
-                       "--upstream", upstream_url, "--shards", str(shards)], "rollcall listening on ")
+                       "--upstream", upstream_url, "--shards", str(shards), *kind], "rollcall listening on ")
     print(f"upstream  {upstream_url}\nrollcall  {proxy}\nshards    {shards}\n")
     try:
         for rollout, api, stream, task in TASKS:
@@ -108,6 +111,18 @@ def main():
     for m in json.loads(msgs) + [json.loads(answer)]:
         text = m.get("content") or json.dumps(m.get("tool_calls"))
         print(f"  [{m['role']}] {text}")
+    print("\n== Datasets (rollcall export sft / rl, rollcall inspect) ==")
+    ds = out / "datasets"
+    for kind in ("sft", "rl"):
+        subprocess.run([a.bin, "export", kind, "--shards", str(shards), "--out", str(ds / kind)], check=True,
+                       stdout=subprocess.DEVNULL)
+    sft = duckdb.sql(f"select count(*), sum(len(messages)) from read_parquet('{ds}/sft/sft.parquet')").fetchone()
+    rl = json.loads((ds / "rl" / "rl_report.json").read_text())
+    print(f"  SFT: {sft[0]} conversations, {sft[1]} messages -> {ds / 'sft'}")
+    print(f"  RL:  {rl['samples']} token-exact samples ({rl['skipped_no_token_ids']} calls without token ids left out)"
+          f" -> {ds / 'rl'}")
+    print(subprocess.run([a.bin, "inspect", "--shards", str(shards)], check=True, capture_output=True,
+                         text=True).stdout)
     print(f"\nDone in {time.time() - t0:.1f} s. Open the shards with pyarrow, DuckDB or datasets:"
           f"\n  duckdb -c \"select * from read_parquet('{shards}/calls/*.parquet')\"")
 
