@@ -126,6 +126,21 @@ def start_upstream(workdir: Path) -> Proc:
     )
 
 
+# Two routes on one upstream: the default speaks OpenAI's APIs, and Claude
+# models go to a native Messages route (as the fixtures were captured).
+TWO_ROUTES_TOML = """
+[shards]
+max_age_secs = 0.2
+[[routes]]
+name = "openai"
+url = "{upstream}/v1"
+[[routes]]
+name = "anthropic"
+url = "{upstream}/v1"
+kind = "anthropic"
+models = ["claude-*"]
+"""
+
 DEFAULT_TOML = """
 [shards]
 max_age_secs = 0.2

@@ -309,7 +309,7 @@ def test_real_harness_exchanges_rebuild_into_segments(name, tmp_path):
     exchanges = tf.load(name)
     replay = tf.Replay(exchanges)
     try:
-        proxy = h.start_proxy(tmp_path / "p", replay.url, toml=tf.PROXY_TOML.format(upstream=replay.url))
+        proxy = h.start_proxy(tmp_path / "p", replay.url, toml=h.TWO_ROUTES_TOML.format(upstream=replay.url))
         u = urlparse(proxy.url)
         for e in exchanges:
             conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)

@@ -80,27 +80,13 @@ def test_fixtures_exist_for_every_harness():
     assert set(NAMES) >= {"codex", "openclaw", "zeroclaw", "mini-swe-agent", "opencode", "claude-code"}, NAMES
 
 
-# As in fixtures/capture.py: Claude Code's model has a native Messages route.
-PROXY_TOML = """
-[shards]
-max_age_secs = 0.2
-[[routes]]
-name = "openai"
-url = "{upstream}/v1"
-[[routes]]
-name = "anthropic"
-url = "{upstream}/v1"
-kind = "anthropic"
-models = ["claude-*"]
-"""
-
 
 @pytest.mark.parametrize("name", NAMES)
 def test_replay_fixture(name, tmp_path):
     exchanges = load(name)
     replay = Replay(exchanges)
     try:
-        proxy = h.start_proxy(tmp_path / "p", replay.url, toml=PROXY_TOML.format(upstream=replay.url))
+        proxy = h.start_proxy(tmp_path / "p", replay.url, toml=h.TWO_ROUTES_TOML.format(upstream=replay.url))
         rollout = f"replay-{name}"
         u = urlparse(proxy.url)
         for e in exchanges:
