@@ -111,6 +111,9 @@ pub fn installed(adapter: &Adapter, root: &Path) -> bool {
 
 /// Install `adapter` under `root` (again when `force`), then check it.
 pub fn install(adapter: &Adapter, root: &Path, force: bool) -> Result<(), HarnessError> {
+    // Absolute, because the PATH entry for a Node runtime must resolve from
+    // the directories npm runs install scripts in.
+    let root = &std::path::absolute(root).map_err(HarnessError::io(root))?;
     let name = adapter.name.as_str();
     let started = Instant::now();
     if !force && installed(adapter, root) {
