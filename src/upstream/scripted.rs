@@ -57,15 +57,12 @@ use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 #[derive(Default, Clone)]
@@ -203,27 +200,17 @@ pub async fn bind_with(
     addr: SocketAddr,
     apis: Apis,
 ) -> std::io::Result<(SocketAddr, impl std::future::Future<Output = ()>)> {
-    let listener = TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
     let counter = Arc::new(AtomicU64::new(0));
-    let fut = async move {
-        let builder = auto::Builder::new(TokioExecutor::new());
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let _ = stream.set_nodelay(true);
-            let counter = counter.clone();
-            let svc = hyper::service::service_fn(move |req| handle(req, counter.clone(), apis));
-            let conn = builder
-                .serve_connection(TokioIo::new(stream), svc)
-                .into_owned();
-            tokio::spawn(async move {
-                let _ = conn.await;
-            });
+    crate::server::serve_plain(addr, move |req| {
+        let counter = counter.clone();
+        async move {
+            match handle(req, counter, apis).await {
+                Ok(r) => r,
+                Err(never) => match never {},
+            }
         }
-    };
-    Ok((local, fut))
+    })
+    .await
 }
 
 fn respond(status: u16, ct: &str, body: impl Into<Bytes>) -> Response<ProxyBody> {
