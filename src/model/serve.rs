@@ -448,14 +448,15 @@ async fn chat(
     let mut choice = json!({"index": 0, "message": message,
         "logprobs": if p.logprobs { json!({"content": a.logprobs}) } else { Value::Null },
         "finish_reason": finish, "stop_reason": a.stop_reason});
-    if p.token_ids {
-        choice["token_ids"] = json!(a.ids);
-    }
-    let mut v = json!({"id": id, "object": "chat.completion", "created": now(), "model": name,
-        "choices": [choice], "usage": a.usage(&prompt)});
-    if p.token_ids {
-        v["prompt_token_ids"] = json!(prompt);
-    }
+    // As vLLM: the fields are always there, null unless asked for.
+    choice["token_ids"] = if p.token_ids {
+        json!(a.ids)
+    } else {
+        Value::Null
+    };
+    let v = json!({"id": id, "object": "chat.completion", "created": now(), "model": name,
+        "choices": [choice], "usage": a.usage(&prompt),
+        "prompt_token_ids": if p.token_ids { json!(prompt) } else { Value::Null }});
     Ok(json_response(&v))
 }
 
@@ -478,9 +479,7 @@ async fn stream(
         let mut choice = json!({"index": 0, "delta": delta,
             "logprobs": if p.logprobs { json!({"content": lps}) } else { Value::Null },
             "finish_reason": finish});
-        if p.token_ids {
-            choice["token_ids"] = json!(ids);
-        }
+        choice["token_ids"] = if p.token_ids { json!(ids) } else { Value::Null };
         json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": name, "choices": [choice]})
     };
     let send = |v: Value| {
@@ -497,9 +496,11 @@ async fn stream(
         &[],
         &[],
     );
-    if p.token_ids {
-        first["prompt_token_ids"] = json!(prompt);
-    }
+    first["prompt_token_ids"] = if p.token_ids {
+        json!(prompt)
+    } else {
+        Value::Null
+    };
     if !send(first).await {
         return;
     }

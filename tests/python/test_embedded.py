@@ -1,0 +1,275 @@
+"""The embedded model (route kind `embedded`, `rollcall model serve`) checked
+against `transformers` loading the same GGUF file (`gguf_file=`), which
+dequantizes it to float32 as rollcall does:
+
+- tokenization of a text corpus (this repository's docs and sources, plus
+  edge cases) and of rendered chat prompts;
+- greedy generation, to the token;
+- recorded logprobs against a forward pass over prompt + completion;
+- streaming and non-streaming answers under a fixed seed;
+- end to end through the proxy: token ids and logprobs recorded, absent
+  from what the client sees, Responses calls translated.
+
+The model file is the one `rollcall model fetch` caches (`make test` fetches
+it), or ROLLCALL_MODEL_FILE.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import openai
+import pytest
+
+import rollcall_harness as h
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+REPO = Path(__file__).resolve().parents[2]
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def model_file() -> Path:
+    env = os.environ.get("ROLLCALL_MODEL_FILE")
+    if env:
+        return Path(env)
+    cache = os.environ.get("ROLLCALL_CACHE") or (
+        os.path.join(os.environ["XDG_CACHE_HOME"], "rollcall") if os.environ.get("XDG_CACHE_HOME")
+        else os.path.expanduser("~/.cache/rollcall"))
+    return Path(cache) / "models" / GGUF
+
+
+@pytest.fixture(scope="session")
+def gguf() -> Path:
+    p = model_file()
+    if not p.exists():
+        pytest.fail(f"{p} is missing: run `rollcall model fetch` (make test does) or set ROLLCALL_MODEL_FILE")
+    return p
+
+
+@pytest.fixture(scope="session")
+def hf(gguf):
+    tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    model.eval()
+    return tok, model
+
+
+@pytest.fixture(scope="session")
+def served(gguf, tmp_path_factory):
+    """`rollcall model serve` on a free port; its base URL."""
+    d = tmp_path_factory.mktemp("model")
+    proc = h.Proc(["model", "serve", "--listen", "127.0.0.1:0", "--model-file", str(gguf)],
+                  "embedded model listening on ", d / "model.stderr")
+    yield proc.url
+    proc.kill()
+
+
+def chat(url: str, body: dict) -> dict:
+    r = h.post_json(url, "/v1/chat/completions", {"model": "smol", **body}, timeout=300)
+    assert r.status == 200, r.body
+    return r.json()
+
+
+def hf_prompt_ids(tok, messages) -> list[int]:
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+CORPUS_EDGES = [
+    "Hello world 12345 67.89 -0.5e10",
+    "  leading spaces,\ttabs\tand\n\nnewlines\r\n",
+    "naïve café résumé Ωμέγα Привет 日本語のテキスト 한국어 🙂👍🏽 𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+    "def f(x):\n    return x ** 2  # comment\n\nclass A(B): pass",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+    "inline <|endoftext|> special and <|im_end|> tokens",
+    "URLs https://example.com/a?b=c&d=e#f and emails a.b@c.de",
+    "'s 't 're 've 'm 'll 'd don't I'M",
+    "\u00a0non-breaking\u2003em space\u200bzero width",
+    "",
+]
+
+
+def corpus() -> list[str]:
+    texts = list(CORPUS_EDGES)
+    for pattern in ("README.md", "docs/*.md", "src/dialect/*.rs", "harness-adapters/*/README.md"):
+        for p in sorted(REPO.glob(pattern)):
+            text = p.read_text()
+            # paragraphs, so that a mismatch points at a small piece
+            texts += [t for t in text.split("\n\n") if t.strip()]
+    return texts
+
+
+def test_tokenization_matches_transformers(served, hf):
+    tok, _ = hf
+    texts = corpus()
+    assert len(texts) > 300
+    total = 0
+    for text in texts:
+        ours = h.post_json(served, "/tokenize", {"prompt": text, "add_special_tokens": False}).json()["tokens"]
+        theirs = tok.encode(text, add_special_tokens=False)
+        assert ours == theirs, f"tokenization differs on {text[:200]!r}"
+        total += len(ours)
+        back = h.post_json(served, "/detokenize", {"tokens": ours}).json()["prompt"]
+        assert back == tok.decode(theirs)
+    assert total > 50_000, total
+
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "You are a terse assistant."},
+     {"role": "user", "content": "Write a Python function that reverses a string."}],
+    [{"role": "user", "content": "Name three colors."},
+     {"role": "assistant", "content": "Red, green and blue."},
+     {"role": "user", "content": "And three animals?"}],
+    [{"role": "user", "content": "Count from 1 to 12, separated by commas."}],
+]
+
+
+def test_chat_prompts_match_the_transformers_template(served, hf):
+    tok, _ = hf
+    for messages in CONVERSATIONS:
+        ours = h.post_json(served, "/tokenize", {"messages": messages}).json()["tokens"]
+        assert ours == hf_prompt_ids(tok, messages)
+
+
+def test_greedy_generation_matches_transformers(served, hf):
+    tok, model = hf
+    for messages in CONVERSATIONS:
+        r = chat(served, {"messages": messages, "temperature": 0, "max_tokens": 32, "return_token_ids": True})
+        prompt = hf_prompt_ids(tok, messages)
+        assert r["prompt_token_ids"] == prompt
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False,
+                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+        theirs = out[0, len(prompt):].tolist()
+        assert r["choices"][0]["token_ids"] == theirs, messages
+        assert r["choices"][0]["message"]["content"] == tok.decode(theirs, skip_special_tokens=True)
+        expect_finish = "stop" if theirs[-1] == tok.eos_token_id else "length"
+        assert r["choices"][0]["finish_reason"] == expect_finish
+
+
+def test_logprobs_match_a_forward_pass(served, hf):
+    tok, model = hf
+    messages = CONVERSATIONS[1]
+    r = chat(served, {"messages": messages, "temperature": 1.0, "seed": 7, "max_tokens": 40,
+                      "logprobs": True, "top_logprobs": 3, "return_token_ids": True})
+    prompt, completion = r["prompt_token_ids"], r["choices"][0]["token_ids"]
+    entries = r["choices"][0]["logprobs"]["content"]
+    assert len(entries) == len(completion) == r["usage"]["completion_tokens"]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0]
+    lp = torch.log_softmax(logits.double(), dim=-1)
+    for i, (tid, e) in enumerate(zip(completion, entries)):
+        ref = lp[len(prompt) - 1 + i]
+        assert abs(e["logprob"] - ref[tid].item()) < 2e-3, (i, e["logprob"], ref[tid].item())
+        top = [t["logprob"] for t in e["top_logprobs"]]
+        assert top == sorted(top, reverse=True)
+        ref_top = torch.topk(ref, 3).values.tolist()
+        assert all(abs(a - b) < 2e-3 for a, b in zip(top, ref_top))
+        assert bytes(e["bytes"]).decode("utf-8", "replace") == e["token"]
+
+
+def stream_chat(url: str, body: dict) -> tuple[list[int], str, list[float], list[dict]]:
+    r = h.post_json(url, "/v1/chat/completions", {"model": "smol", "stream": True, **body}, timeout=300)
+    assert r.status == 200
+    ids, text, lps, chunks = [], "", [], []
+    for _, data in h.sse_events(r.body):
+        if data == "[DONE]":
+            break
+        c = json.loads(data)
+        chunks.append(c)
+        for ch in c["choices"]:
+            ids += ch.get("token_ids") or []
+            text += ch["delta"].get("content") or ""
+            lps += [e["logprob"] for e in (ch.get("logprobs") or {}).get("content") or []]
+    return ids, text, lps, chunks
+
+
+def test_stream_and_whole_agree_under_a_seed(served):
+    body = {"messages": CONVERSATIONS[3], "temperature": 0.9, "top_p": 0.95, "seed": 1234, "max_tokens": 48,
+            "logprobs": True, "return_token_ids": True}
+    whole = chat(served, body)
+    ids, text, lps, chunks = stream_chat(served, {**body, "stream_options": {"include_usage": True}})
+    c = whole["choices"][0]
+    assert ids == c["token_ids"]
+    assert text == c["message"]["content"]
+    assert lps == [e["logprob"] for e in c["logprobs"]["content"]]
+    assert chunks[-1]["usage"] == whole["usage"]
+    assert len(chunks) > 10, "tokens are streamed as they are made"
+    # another seed samples another answer
+    other = chat(served, {**body, "seed": 4321})
+    assert other["choices"][0]["token_ids"] != c["token_ids"]
+
+
+def test_stop_strings_and_errors(served, gguf):
+    # Greedy, the model answers "1. 1\n2. 2\n3. 3\n4. 4\n5. 5\n...".
+    stop = ["never", "4. 4\n5"]
+    r = chat(served, {"messages": CONVERSATIONS[3], "temperature": 0, "max_tokens": 40, "stop": stop})
+    c = r["choices"][0]
+    assert (c["finish_reason"], c["stop_reason"]) == ("stop", "4. 4\n5")
+    assert c["message"]["content"] == "1. 1\n2. 2\n3. 3\n"
+    ids, text, _, _ = stream_chat(served, {"messages": CONVERSATIONS[3], "temperature": 0, "max_tokens": 40,
+                                           "stop": stop})
+    assert text == c["message"]["content"], "streaming never sends text a stop string then cuts"
+    for body, status, needle in [
+        ({"messages": [{"role": "user", "content": "x " * 5000}]}, 400, "maximum context length"),
+        ({"messages": CONVERSATIONS[0], "max_tokens": 5000}, 400, "maximum context length"),
+        ({"messages": CONVERSATIONS[0], "n": 2}, 400, "n = 1"),
+        ({"messages": []}, 400, "must not be empty"),
+        ({"messages": CONVERSATIONS[0], "temperature": "hot"}, 400, "temperature"),
+    ]:
+        resp = h.post_json(served, "/v1/chat/completions", {"model": "smol", **body})
+        assert resp.status == status, (body, resp.body)
+        assert needle in resp.json()["error"]["message"]
+    raw = h.raw_request(served, "POST", "/v1/chat/completions", b"{not json", {"content-type": "application/json"})
+    assert raw.status == 400 and "not valid JSON" in raw.json()["error"]["message"]
+
+
+EMBEDDED_TOML = """
+[shards]
+max_age_secs = 0.2
+[[routes]]
+name = "smol"
+kind = "embedded"
+[routes.embedded]
+model_file = "{model}"
+default_max_tokens = 24
+default_temperature = 0.0
+"""
+
+
+def test_through_the_proxy_token_capture_end_to_end(tmp_path, gguf, hf):
+    tok, _ = hf
+    p = h.start_proxy(tmp_path, "unused", toml=EMBEDDED_TOML.format(model=gguf))
+    try:
+        client = openai.OpenAI(base_url=f"{p.url}/rollouts/emb-1/v1", api_key="k")
+        r = client.chat.completions.create(model="smol", messages=CONVERSATIONS[0])
+        assert r.choices[0].message.content == "The capital of France is Paris."
+        # What vLLM answers when not asked: the fields are null.
+        assert r.choices[0].model_extra["token_ids"] is None and r.choices[0].logprobs is None
+        stream = client.chat.completions.create(model="smol", messages=CONVERSATIONS[2], stream=True)
+        streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        assert streamed
+        resp = client.responses.create(model="smol", input="What is the capital of France?")
+        assert resp.output_text == "The capital of France is Paris."
+        h.wait_for_shards(p.url)
+    finally:
+        p.terminate()
+    rows = sorted(h.read_calls_arrow(p.shards), key=lambda r: r["sequence"])
+    assert [r["wire_api"] for r in rows] == ["chat_completions", "chat_completions", "responses"]
+    for row, messages in zip(rows, [CONVERSATIONS[0], CONVERSATIONS[2], CONVERSATIONS[0]]):
+        assert row["prompt_token_ids"] == hf_prompt_ids(tok, messages)
+        assert len(row["completion_token_ids"]) == len(row["completion_logprobs"]) > 0
+        # usage is there unless the client streamed without asking for it
+        assert row["completion_tokens"] in (None, len(row["completion_token_ids"]))
+        assert all(lp <= 0 for lp in row["completion_logprobs"])
+    assert rows[0]["completion_token_ids"] == tok.encode("The capital of France is Paris.") + [tok.eos_token_id]
+    # The Responses call went to the model as Chat Completions.
+    assert rows[2]["upstream_api"] == "chat_completions"
