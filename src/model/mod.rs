@@ -126,6 +126,9 @@ pub enum Finish {
 /// What to generate.
 pub struct Job {
     pub prompt: Vec<u32>,
+    /// A prompt position to snapshot the KV cache at (the end of the
+    /// conversation, before the assistant's turn opens), for the next turn.
+    pub checkpoint: Option<usize>,
     pub max_tokens: usize,
     pub sampling: Sampling,
     pub top_logprobs: usize,
@@ -196,8 +199,11 @@ impl Model {
         let worker = Worker {
             slots: (0..options.kv_slots.max(1))
                 .map(|_| Slot {
-                    weights: weights.clone(),
-                    tokens: Vec::new(),
+                    current: State {
+                        weights: weights.clone(),
+                        tokens: Vec::new(),
+                    },
+                    after_prompt: None,
                     used: 0,
                 })
                 .collect(),
@@ -225,6 +231,7 @@ impl Model {
     pub fn generate(
         &self,
         prompt: Vec<u32>,
+        checkpoint: Option<usize>,
         max_tokens: usize,
         sampling: Sampling,
         top_logprobs: usize,
@@ -232,6 +239,7 @@ impl Model {
         let (steps, rx) = unbounded_channel();
         let job = Job {
             prompt,
+            checkpoint,
             max_tokens,
             sampling,
             top_logprobs,
@@ -277,11 +285,42 @@ fn dequantized(
     )?)
 }
 
-struct Slot {
+/// A model state: KV caches and the tokens they hold.
+#[derive(Clone)]
+struct State {
     weights: ModelWeights,
-    /// The tokens whose keys and values the slot's cache holds.
     tokens: Vec<u32>,
+}
+
+impl State {
+    /// How many tokens of `prompt` this state saves computing (0: none).
+    fn reuse(&self, prompt: &[u32]) -> usize {
+        let n = self.tokens.len();
+        if n > 0 && n < prompt.len() && prompt.starts_with(&self.tokens) {
+            n
+        } else {
+            0
+        }
+    }
+}
+
+/// One KV cache in use: its state after the last generation, and a
+/// snapshot at that prompt's checkpoint (the conversation before the
+/// assistant's turn opens). The next turn usually extends the first;
+/// harnesses that drop a failed answer from the history (mini-swe-agent on
+/// a format error) extend only the second. Both share their tensors, so the
+/// snapshot costs only what was computed after it.
+struct Slot {
+    current: State,
+    after_prompt: Option<State>,
     used: u64,
+}
+
+impl Slot {
+    fn best_reuse(&self, prompt: &[u32]) -> usize {
+        let snap = self.after_prompt.as_ref().map_or(0, |s| s.reuse(prompt));
+        self.current.reuse(prompt).max(snap)
+    }
 }
 
 struct Worker {
@@ -306,23 +345,26 @@ impl Worker {
             self.clock += 1;
             // The slot holding the longest prefix of this prompt, else the
             // least recently used one.
-            let reusable = |s: &Slot| {
-                !s.tokens.is_empty()
-                    && s.tokens.len() < job.prompt.len()
-                    && job.prompt.starts_with(&s.tokens)
-            };
             let i = (0..self.slots.len())
-                .filter(|&i| reusable(&self.slots[i]))
-                .max_by_key(|&i| self.slots[i].tokens.len())
+                .filter(|&i| self.slots[i].best_reuse(&job.prompt) > 0)
+                .max_by_key(|&i| self.slots[i].best_reuse(&job.prompt))
                 .or_else(|| (0..self.slots.len()).min_by_key(|&i| self.slots[i].used))
                 .unwrap_or(0);
             let slot = &mut self.slots[i];
             slot.used = self.clock;
-            if !reusable(slot) {
-                slot.tokens.clear();
+            if slot.current.reuse(&job.prompt) == 0 {
+                match slot
+                    .after_prompt
+                    .as_ref()
+                    .filter(|s| s.reuse(&job.prompt) > 0)
+                {
+                    Some(snap) => slot.current = snap.clone(),
+                    None => slot.current.tokens.clear(),
+                }
             }
             if let Err(e) = Self::generate(slot, &job, &self.stop_ids, self.context) {
-                slot.tokens.clear();
+                slot.current.tokens.clear();
+                slot.after_prompt = None;
                 let _ = job.steps.send(Step::Failed(e.to_string()));
             }
         }
@@ -334,12 +376,25 @@ impl Worker {
         stop_ids: &[u32],
         context: usize,
     ) -> candle_core::Result<()> {
-        let cached = slot.tokens.len();
+        let cached = slot.current.tokens.len();
         if job.steps.send(Step::Started { cached }).is_err() {
             return Ok(());
         }
-        let mut next = logits(&mut slot.weights, &job.prompt[cached..], cached)?;
-        slot.tokens.clone_from(&job.prompt);
+        let state = &mut slot.current;
+        let mut pos = cached;
+        if let Some(cp) = job
+            .checkpoint
+            .filter(|&cp| cp > cached && cp < job.prompt.len())
+        {
+            logits(&mut state.weights, &job.prompt[cached..cp], cached)?;
+            state.tokens.extend_from_slice(&job.prompt[cached..cp]);
+            slot.after_prompt = Some(state.clone());
+            pos = cp;
+        } else if job.checkpoint.is_none() {
+            slot.after_prompt = None;
+        }
+        let mut next = logits(&mut state.weights, &job.prompt[pos..], pos)?;
+        state.tokens.clone_from(&job.prompt);
         let mut sampler = Sampler::new(job.sampling.clone());
         for n in 0..job.max_tokens {
             let lp = sample::log_softmax(&next);
@@ -359,7 +414,7 @@ impl Worker {
             }
             let finish = if stop_ids.contains(&id) {
                 Some(Finish::Stop)
-            } else if n + 1 == job.max_tokens || slot.tokens.len() + 1 >= context {
+            } else if n + 1 == job.max_tokens || state.tokens.len() + 1 >= context {
                 Some(Finish::Length)
             } else {
                 None
@@ -368,8 +423,8 @@ impl Worker {
                 let _ = job.steps.send(Step::Done(f));
                 return Ok(());
             }
-            next = logits(&mut slot.weights, &[id], slot.tokens.len())?;
-            slot.tokens.push(id);
+            next = logits(&mut state.weights, &[id], state.tokens.len())?;
+            state.tokens.push(id);
         }
         let _ = job.steps.send(Step::Done(Finish::Length));
         Ok(())

@@ -132,26 +132,37 @@ fn tools_of(body: &Map<String, Value>) -> Vec<Value> {
         .unwrap_or_default()
 }
 
-/// The prompt token ids of a chat request.
+/// The prompt token ids of a chat request, and where the conversation
+/// ends and the opening of the assistant's turn begins (a KV-cache
+/// checkpoint: the next turn's prompt extends the conversation, not always
+/// the opening).
 fn chat_prompt(
     model: &Model,
     body: &Map<String, Value>,
     tools: &[Value],
-) -> Result<Vec<u32>, Reject> {
+) -> Result<(Vec<u32>, Option<usize>), Reject> {
     let Some(messages) = body.get("messages").and_then(Value::as_array) else {
         return reject(400, "`messages` must be a list of messages");
     };
     if messages.is_empty() {
         return reject(400, "`messages` must not be empty");
     }
-    let text = model
-        .template
-        .render(messages, tools)
-        .map_err(|e| Reject(400, e.to_string()))?;
-    model
-        .vocab
-        .encode(&text, false)
-        .map_err(|e| Reject(400, e.to_string()))
+    let tokens = |open: bool| {
+        let text = model
+            .template
+            .render_with(messages, tools, open)
+            .map_err(|e| Reject(400, e.to_string()))?;
+        model
+            .vocab
+            .encode(&text, false)
+            .map_err(|e| Reject(400, e.to_string()))
+    };
+    let ids = tokens(true)?;
+    let conversation = tokens(false).ok();
+    let checkpoint = conversation
+        .filter(|c| !c.is_empty() && c.len() < ids.len() && ids.starts_with(c))
+        .map(|c| c.len());
+    Ok((ids, checkpoint))
 }
 
 fn tokenize(model: &Model, body: &Map<String, Value>) -> Result<Value, Reject> {
@@ -167,7 +178,7 @@ fn tokenize(model: &Model, body: &Map<String, Value>) -> Result<Value, Reject> {
                 .map_err(|e| Reject(400, e.to_string()))?
         }
         Some(_) => return reject(400, "`prompt` must be a string"),
-        None => chat_prompt(model, body, &tools_of(body))?,
+        None => chat_prompt(model, body, &tools_of(body))?.0,
     };
     Ok(
         json!({"count": tokens.len(), "max_model_len": model.context, "tokens": tokens, "token_strs": null}),
@@ -389,10 +400,16 @@ async fn chat(
     body: &Map<String, Value>,
 ) -> Result<Response<ProxyBody>, Reject> {
     let tools = tools_of(body);
-    let prompt = chat_prompt(model, body, &tools)?;
+    let (prompt, checkpoint) = chat_prompt(model, body, &tools)?;
     let p = params(model, body, prompt.len())?;
     let top = if p.logprobs { p.top_logprobs } else { 0 };
-    let mut steps = model.generate(prompt.clone(), p.max_tokens, p.sampling.clone(), top);
+    let mut steps = model.generate(
+        prompt.clone(),
+        checkpoint,
+        p.max_tokens,
+        p.sampling.clone(),
+        top,
+    );
     let id = format!("chatcmpl-{}", uuid::Uuid::new_v4().simple());
     let name = body
         .get("model")

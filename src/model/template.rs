@@ -48,6 +48,16 @@ impl ChatTemplate {
     /// The prompt for `messages` (Chat Completions shape) and `tools`, with
     /// the assistant's turn opened.
     pub fn render(&self, messages: &[Value], tools: &[Value]) -> Result<String, ModelError> {
+        self.render_with(messages, tools, true)
+    }
+
+    /// The prompt, with or without the assistant's turn opened.
+    pub fn render_with(
+        &self,
+        messages: &[Value],
+        tools: &[Value],
+        add_generation_prompt: bool,
+    ) -> Result<String, ModelError> {
         let messages: Vec<Value> = if self.native_tools {
             messages.iter().map(flatten_content).collect()
         } else {
@@ -55,7 +65,7 @@ impl ChatTemplate {
         };
         let mut ctx = json!({
             "messages": messages,
-            "add_generation_prompt": true,
+            "add_generation_prompt": add_generation_prompt,
             "bos_token": self.bos,
             "eos_token": self.eos,
         });

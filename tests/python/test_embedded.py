@@ -273,3 +273,25 @@ def test_through_the_proxy_token_capture_end_to_end(tmp_path, gguf, hf):
     assert rows[0]["completion_token_ids"] == tok.encode("The capital of France is Paris.") + [tok.eos_token_id]
     # The Responses call went to the model as Chat Completions.
     assert rows[2]["upstream_api"] == "chat_completions"
+
+
+def test_kv_cache_reuse_gives_the_same_tokens(served, hf):
+    """The next turn reuses the KV cache, whether the harness keeps the
+    answer in the history or drops it (mini-swe-agent on a format error),
+    and still generates exactly what transformers does from scratch."""
+    tok, model = hf
+    first = [{"role": "system", "content": "You answer in one sentence."},
+             {"role": "user", "content": "Describe a lighthouse at night. " * 20}]
+    a = chat(served, {"messages": first, "temperature": 0, "max_tokens": 16})
+    kept = first + [{"role": "assistant", "content": a["choices"][0]["message"]["content"]},
+                    {"role": "user", "content": "And by day?"}]
+    # ...then the answer to `kept` is dropped and a correction follows
+    dropped = kept + [{"role": "user", "content": "That was not one sentence. Try again."}]
+    for follow in (kept, dropped):
+        r = chat(served, {"messages": follow, "temperature": 0, "max_tokens": 16, "return_token_ids": True})
+        prompt = hf_prompt_ids(tok, follow)
+        assert r["usage"]["prompt_tokens_details"]["cached_tokens"] > len(prompt) // 2, r["usage"]
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False,
+                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+        assert r["choices"][0]["token_ids"] == out[0, len(prompt):].tolist()
