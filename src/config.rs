@@ -391,6 +391,25 @@ mod tests {
     }
 
     #[test]
+    fn embedded_routes_take_a_model_not_a_url() {
+        let c = Config::parse(
+            "[[routes]]\nname = \"m\"\nkind = \"embedded\"\n[routes.embedded]\nmodel_file = \"x.gguf\"\ndefault_max_tokens = 64\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.routes[0].embedded.default_max_tokens, 64);
+        assert!(c.routes[0].embedded.dequantize, "f32 by default");
+        let mut c = c;
+        c.set_upstream("http://127.0.0.1:9/v1");
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("takes no url"), "{err}");
+        assert!(Config::parse(
+            "[[routes]]\nname = \"m\"\nkind = \"embedded\"\n[routes.embedded]\nmodel = 1\n"
+        )
+        .is_err());
+    }
+
+    #[test]
     fn example_configs_are_valid() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("proxy-config");
         let mut n = 0;
