@@ -3,7 +3,7 @@
 //! Messages calls (streaming or not) with deterministic text and tool calls.
 //!
 //! It stands in for a real model server, the one component we cannot run at
-//! scale here, in tests, benchmarks and `make demo`. Nothing in it is
+//! scale here, in tests and benchmarks. Nothing in it is
 //! consulted by the proxy.
 //!
 //! Behaviour is chosen per request through options appended to the model
