@@ -87,6 +87,17 @@ fn cpu_secs(pid: &str) -> f64 {
     (ticks(11) + ticks(12)) / hz.max(1.0)
 }
 
+/// Pin every thread of process `pid` to the CPUs in `cpus` (`taskset`'s
+/// list syntax); false when that is not possible here.
+fn pin(pid: &str, cpus: &str) -> bool {
+    Command::new("taskset")
+        .args(["-a", "-p", "-c", cpus, pid])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 fn rss_kb(pid: u32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     s.lines()
@@ -361,38 +372,64 @@ fn main() {
                 per * 1e6
             );
         }
-        // 3. Throughput.
+        // 3. Throughput: every process on every core, as the machine is;
+        // then again with rollcall on a core of its own and the client and
+        // upstream sharing the other, as when the model server runs
+        // elsewhere.
         let secs: f64 = if q { 1.5 } else { 4.0 };
-        println!("\n## Throughput (non-streaming calls/s, {secs} s each; CPU µs per call by process)");
-        let mut tput = std::collections::BTreeMap::new();
         let (up_pid, px_pid) = (up.child.id().to_string(), px.child.id().to_string());
-        for conns in [64, 256] {
-            for t in &targets {
-                let cpu0 = [cpu_secs("self"), cpu_secs(&up_pid), cpu_secs(&px_pid)];
-                let r = throughput(
-                    t,
-                    conns,
-                    if t.name == "litellm" {
-                        secs.min(3.0)
-                    } else {
-                        secs
-                    },
-                )
-                .await;
-                tput.insert((conns, t.name), r);
-                let cpu1 = [cpu_secs("self"), cpu_secs(&up_pid), cpu_secs(&px_pid)];
-                let calls = r * secs;
-                let per = |i: usize| (cpu1[i] - cpu0[i]) / calls.max(1.0) * 1e6;
-                let proxy = if t.name == "rollcall" {
-                    format!("  rollcall {:>5.1}", per(2))
-                } else {
-                    String::new()
-                };
-                println!(
-                    "{:<10} {:>4} connections {:>10.0} calls/s   CPU/call: client {:>5.1}  upstream {:>5.1}{proxy}",
-                    t.name, conns, r, per(0), per(1)
-                );
+        let lite_pid = lite.as_ref().map(|l| l.child.id().to_string());
+        let me = std::process::id().to_string();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut tput = std::collections::BTreeMap::new();
+        for pinned in [false, true] {
+            if pinned {
+                let (mine, theirs) = ("0", format!("1-{}", cores - 1));
+                let ok = cores >= 2
+                    && pin(&me, mine)
+                    && pin(&up_pid, mine)
+                    && pin(&px_pid, &theirs)
+                    && lite_pid.as_ref().is_none_or(|p| pin(p, &theirs));
+                if !ok {
+                    println!("\n(no second core or no taskset: skipping the pinned throughput)");
+                    break;
+                }
+                println!("\n## Throughput, rollcall and LiteLLM on CPUs {theirs}, client and upstream on CPU {mine}");
+            } else {
+                println!("\n## Throughput (non-streaming calls/s, {secs} s each; CPU µs per call by process)");
             }
+            for conns in [64, 256] {
+                for t in &targets {
+                    let cpu0 = [cpu_secs("self"), cpu_secs(&up_pid), cpu_secs(&px_pid)];
+                    let r = throughput(
+                        t,
+                        conns,
+                        if t.name == "litellm" {
+                            secs.min(3.0)
+                        } else {
+                            secs
+                        },
+                    )
+                    .await;
+                    tput.insert((pinned, conns, t.name), r);
+                    let cpu1 = [cpu_secs("self"), cpu_secs(&up_pid), cpu_secs(&px_pid)];
+                    let calls = r * secs;
+                    let per = |i: usize| (cpu1[i] - cpu0[i]) / calls.max(1.0) * 1e6;
+                    let proxy = if t.name == "rollcall" {
+                        format!("  rollcall {:>5.1}", per(2))
+                    } else {
+                        String::new()
+                    };
+                    println!(
+                        "{:<10} {:>4} connections {:>10.0} calls/s   CPU/call: client {:>5.1}  upstream {:>5.1}{proxy}",
+                        t.name, conns, r, per(0), per(1)
+                    );
+                }
+            }
+        }
+        let all = format!("0-{}", cores - 1);
+        for p in [&me, &up_pid, &px_pid] {
+            pin(p, &all);
         }
         // 4. RSS at 1,000 concurrent streams.
         let streams = 1000;
@@ -463,18 +500,21 @@ fn main() {
             check(pe <= 20e-6),
             pe * 1e6
         );
-        for conns in [64, 256] {
-            let d = tput[&(conns, "direct")];
-            let r = tput[&(conns, "rollcall")];
+        for ((pinned, conns, name), r) in &tput {
+            if *name != "rollcall" {
+                continue;
+            }
+            let how = if *pinned { ", own core" } else { "" };
+            let d = tput[&(*pinned, *conns, "direct")];
             println!(
-                "{} throughput at {conns}: {:.0}% of direct (target ≥ 50%)",
-                check(r >= 0.5 * d),
+                "{} throughput at {conns}{how}: {:.0}% of direct (target ≥ 50%)",
+                check(*r >= 0.5 * d),
                 100.0 * r / d
             );
-            if let Some(l) = tput.get(&(conns, "litellm")) {
+            if let Some(l) = tput.get(&(*pinned, *conns, "litellm")) {
                 println!(
-                    "{} throughput at {conns}: {:.0}x LiteLLM (target ≥ 50x)",
-                    check(r >= 50.0 * l),
+                    "{} throughput at {conns}{how}: {:.0}x LiteLLM (target ≥ 50x)",
+                    check(*r >= 50.0 * l),
                     r / l
                 );
             }
