@@ -3,6 +3,8 @@
 
 use super::{CompletedCall, RolloutFinish};
 use crate::dialect::{Assembled, WireApi};
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 /// One call, as stored in `calls/*.parquet`.
@@ -53,6 +55,44 @@ fn json_text(v: &Value) -> Option<String> {
     (!v.is_null()).then(|| v.to_string())
 }
 
+/// A Chat Completions request's messages and tools, left as the harness's
+/// own bytes: they already are the normalized form, and an agent's history
+/// is the largest part of its request, so it is neither parsed into a tree
+/// nor written out again.
+#[derive(Deserialize)]
+struct ChatParts<'a> {
+    #[serde(borrow)]
+    messages: Option<&'a RawValue>,
+    #[serde(borrow)]
+    tools: Option<&'a RawValue>,
+}
+
+/// The `messages` and `tools` columns.
+fn normalized_columns(api: Option<WireApi>, request: &[u8]) -> (Option<String>, Option<String>) {
+    let raw = |v: Option<&RawValue>| {
+        v.map(RawValue::get)
+            .filter(|t| *t != "null")
+            .map(str::to_owned)
+    };
+    if api == Some(WireApi::ChatCompletions) {
+        return match serde_json::from_slice::<ChatParts>(request) {
+            Ok(p) => (
+                Some(raw(p.messages).unwrap_or_else(|| "[]".into())),
+                raw(p.tools),
+            ),
+            Err(_) => (None, None),
+        };
+    }
+    let request: Option<Value> = serde_json::from_slice(request).ok();
+    match (api, request) {
+        (Some(api), Some(req)) => {
+            let n = api.normalize_request(req);
+            (json_text(&n.messages), n.tools.as_ref().and_then(json_text))
+        }
+        _ => (None, None),
+    }
+}
+
 impl CallRow {
     /// Assemble a finished call into its row: parse the request, join the
     /// stream, normalize messages. Runs on the shard thread, off the
@@ -61,11 +101,7 @@ impl CallRow {
         let m = &c.begin.meta;
         let o = &c.outcome;
         let api = WireApi::parse(&m.wire_api);
-        let request: Option<Value> = serde_json::from_slice(&c.begin.request).ok();
-        let normalized = match (api, request) {
-            (Some(api), Some(req)) => Some(api.normalize_request(req)),
-            _ => None,
-        };
+        let (messages, tools) = normalized_columns(api, &c.begin.request);
         let assembled = match api {
             Some(api) if !c.response.is_empty() && o.http_status.is_some_and(|s| s < 400) => {
                 api.assemble(&c.response, m.stream)
@@ -113,11 +149,8 @@ impl CallRow {
                 (!c.response.is_empty()).then(|| String::from_utf8_lossy(&c.response).into_owned())
             },
             response_raw: (!c.response.is_empty()).then(|| c.response.to_vec()),
-            messages: normalized.as_ref().and_then(|n| json_text(&n.messages)),
-            tools: normalized
-                .as_ref()
-                .and_then(|n| n.tools.as_ref())
-                .and_then(json_text),
+            messages,
+            tools,
             response_message: assembled.message.as_ref().and_then(json_text),
             tool_calls: assembled.tool_calls.as_ref().and_then(json_text),
             finish_reason: assembled.finish_reason.clone(),
@@ -143,3 +176,40 @@ impl CallRow {
 
 /// One finished rollout, as stored in `rollouts/*.parquet`.
 pub type RolloutRow = RolloutFinish;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chat_messages_and_tools_keep_the_harness_bytes() {
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"h\u00e9","n":1.0e0}],"tools":[{"type":"function"}]}"#;
+        let (m, t) = normalized_columns(Some(WireApi::ChatCompletions), body);
+        assert_eq!(
+            m.as_deref(),
+            Some(r#"[{"role":"user","content":"h\u00e9","n":1.0e0}]"#)
+        );
+        assert_eq!(t.as_deref(), Some(r#"[{"type":"function"}]"#));
+        let (m, t) = normalized_columns(Some(WireApi::ChatCompletions), br#"{"tools":null}"#);
+        assert_eq!((m.as_deref(), t), (Some("[]"), None));
+        assert_eq!(
+            normalized_columns(Some(WireApi::ChatCompletions), b"{not json"),
+            (None, None)
+        );
+    }
+
+    #[test]
+    fn other_apis_are_normalized_to_chat_messages() {
+        let (m, t) = normalized_columns(Some(WireApi::Completions), br#"{"prompt":"hi"}"#);
+        assert_eq!(m.as_deref(), Some(r#"[{"role":"user","content":"hi"}]"#));
+        assert_eq!(t, None);
+        let (m, _) = normalized_columns(
+            Some(WireApi::Responses),
+            br#"{"instructions":"be brief","input":"hi"}"#,
+        );
+        let v: Value = serde_json::from_str(&m.unwrap()).unwrap();
+        assert_eq!(v[0]["role"], "system");
+        assert_eq!(v[1]["content"], "hi");
+        assert_eq!(normalized_columns(None, br#"{"prompt":"x"}"#), (None, None));
+    }
+}
