@@ -477,11 +477,6 @@ fn push_one<R: ShardRow>(
     }
 }
 
-/// How long the shard thread lets rows gather after the first one arrives.
-const GATHER: Duration = Duration::from_millis(5);
-/// At most this many rows per round, so that publishing by age is not held up.
-const GATHER_MAX: usize = 4096;
-
 /// The shard thread: build rows, batch, rotate, publish.
 pub(crate) fn run(
     _cfg: ShardConfig,
@@ -502,26 +497,15 @@ pub(crate) fn run(
         });
         let before = stats.shards_published.load(Ordering::Relaxed);
         match rx.recv_timeout(wait) {
-            Ok(first) => {
-                // Rows are not urgent: let a batch gather, so that a busy
-                // proxy wakes this thread a few hundred times a second
-                // instead of once per call.
-                std::thread::sleep(GATHER);
-                let more = std::iter::from_fn(|| rx.try_recv().ok());
-                for item in std::iter::once(first).chain(more).take(GATHER_MAX) {
-                    match item {
-                        ShardItem::Call { segment, call } => push_one(
-                            &mut set.calls,
-                            CallRow::build(&call),
-                            segment,
-                            &published,
-                            &stats,
-                        ),
-                        ShardItem::Rollout { segment, finish } => {
-                            push_one(&mut set.rollouts, finish, segment, &published, &stats)
-                        }
-                    }
-                }
+            Ok(ShardItem::Call { segment, call }) => push_one(
+                &mut set.calls,
+                CallRow::build(&call),
+                segment,
+                &published,
+                &stats,
+            ),
+            Ok(ShardItem::Rollout { segment, finish }) => {
+                push_one(&mut set.rollouts, finish, segment, &published, &stats)
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => {
