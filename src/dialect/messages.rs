@@ -185,12 +185,16 @@ pub(crate) fn usage(u: &Value) -> Usage {
     let input = int_at(u, &["input_tokens"]);
     let cache_read = int_at(u, &["cache_read_input_tokens"]);
     let cache_write = int_at(u, &["cache_creation_input_tokens"]);
-    let prompt = input.map(|i| i + cache_read.unwrap_or(0) + cache_write.unwrap_or(0));
+    // Sums of numbers the upstream sent: one that overflows is not a count.
+    let prompt = input.and_then(|i| {
+        i.checked_add(cache_read.unwrap_or(0))?
+            .checked_add(cache_write.unwrap_or(0))
+    });
     let completion = int_at(u, &["output_tokens"]);
     Usage {
         prompt,
         completion,
-        total: prompt.zip(completion).map(|(p, c)| p + c),
+        total: prompt.zip(completion).and_then(|(p, c)| p.checked_add(c)),
         cached: cache_read,
         reasoning: None,
     }
@@ -246,5 +250,14 @@ mod tests {
         assert_eq!(a.usage.cached, Some(4));
         let r = a.response.unwrap();
         assert_eq!(r["content"][2]["input"]["command"], "ls");
+    }
+
+    #[test]
+    fn usage_sums_that_overflow_are_unknown() {
+        let u = serde_json::json!({"input_tokens": i64::MAX, "cache_read_input_tokens": 1, "output_tokens": 2});
+        let u = super::usage(&u);
+        assert_eq!((u.prompt, u.total, u.completion), (None, None, Some(2)));
+        let u = serde_json::json!({"input_tokens": 1, "output_tokens": i64::MAX});
+        assert_eq!(super::usage(&u).total, None);
     }
 }

@@ -277,10 +277,12 @@ pub(crate) fn int_at(v: &Value, path: &[&str]) -> Option<i64> {
     path.iter().try_fold(v, |v, k| v.get(k))?.as_i64()
 }
 
-/// Read an array of integers as token ids.
+/// Read an array of integers as token ids; `None` if any is not an `i32`.
 pub(crate) fn ids(v: Option<&Value>) -> Option<Vec<i32>> {
     let arr = v?.as_array()?;
-    arr.iter().map(|x| x.as_i64().map(|i| i as i32)).collect()
+    arr.iter()
+        .map(|x| x.as_i64().and_then(|i| i32::try_from(i).ok()))
+        .collect()
 }
 
 /// Append JSON string `piece` to an optional accumulated string.

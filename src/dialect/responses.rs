@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 /// `response.completed` (or `failed`/`incomplete`), else rebuilt from the
 /// items and deltas seen before the stream ended.
 pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
-    let mut base: Option<Value> = None;
+    let mut base: Option<Map<String, Value>> = None;
     let mut done_items: BTreeMap<u64, Value> = BTreeMap::new();
     let mut partial_text: BTreeMap<u64, String> = BTreeMap::new();
     let mut error = None;
@@ -25,7 +25,7 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
             .unwrap_or("");
         match kind {
             "response.completed" | "response.failed" | "response.incomplete" => {
-                if let Some(r) = data.get("response") {
+                if let Some(r) = data.get("response").filter(|r| r.is_object()) {
                     return StreamOutcome {
                         response: Some(r.clone()),
                         error,
@@ -33,7 +33,13 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
                 }
             }
             "response.created" | "response.in_progress" => {
-                base = data.get("response").cloned().or(base);
+                // Only an object can be completed below; anything else is
+                // not a response.
+                base = data
+                    .get("response")
+                    .and_then(Value::as_object)
+                    .cloned()
+                    .or(base);
             }
             "response.output_item.done" => {
                 let idx = data
@@ -65,7 +71,7 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
                 error,
             }
         }
-        None => json!({"object": "response"}),
+        None => Map::from_iter([("object".into(), json!("response"))]),
     };
     for (idx, text) in partial_text {
         done_items.entry(idx).or_insert_with(|| {
@@ -73,10 +79,13 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
                    "content": [{"type": "output_text", "text": text, "annotations": []}]})
         });
     }
-    resp["output"] = Value::Array(done_items.into_values().collect());
-    resp["status"] = json!("incomplete");
+    resp.insert(
+        "output".into(),
+        Value::Array(done_items.into_values().collect()),
+    );
+    resp.insert("status".into(), json!("incomplete"));
     StreamOutcome {
-        response: Some(resp),
+        response: Some(Value::Object(resp)),
         error,
     }
 }
@@ -321,5 +330,20 @@ mod tests {
         let a = crate::dialect::WireApi::Responses.assemble(s.as_bytes(), true);
         assert_eq!(a.message.unwrap()["content"], "par");
         assert_eq!(a.response.unwrap()["status"], "incomplete");
+    }
+
+    #[test]
+    fn a_response_that_is_not_an_object_is_not_a_base() {
+        // `response.created` with a string used to panic on `resp["output"] = …`.
+        let s = concat!(
+            "data: {\"type\":\"response.created\",\"response\":\"a string\"}\n\n",
+            "data: {\"type\":\"response.completed\",\"response\":7}\n\n",
+            "data: {\"type\":\"response.output_text.delta\",\"output_index\":0,\"delta\":\"x\"}\n\n",
+        );
+        let a = crate::dialect::WireApi::Responses.assemble(s.as_bytes(), true);
+        assert_eq!(a.message.unwrap()["content"], "x");
+        let r = a.response.unwrap();
+        assert_eq!(r["object"], "response");
+        assert_eq!(r["status"], "incomplete");
     }
 }

@@ -82,3 +82,18 @@ fn prompt_logprobs(v: &Value, prompt_ids: Option<&[i32]>) -> Option<Vec<f64>> {
             .collect(),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn ids_out_of_i32_range_are_not_read() {
+        let r = json!({"choices": [{"index": 0, "token_ids": [1, 4294967297i64]}],
+                       "prompt_token_ids": [1, 2]});
+        let t = read(WireApi::ChatCompletions, &r);
+        assert_eq!(t.completion_ids, None);
+        assert_eq!(t.prompt_ids, Some(vec![1, 2]));
+    }
+}

@@ -685,7 +685,7 @@ fn messages_usage(u: &Value) -> Value {
     let i = |p: &str| u.pointer(p).and_then(Value::as_i64).unwrap_or(0);
     let cached = i("/prompt_tokens_details/cached_tokens");
     json!({
-        "input_tokens": i("/prompt_tokens") - cached,
+        "input_tokens": i("/prompt_tokens").saturating_sub(cached),
         "output_tokens": i("/completion_tokens"),
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": cached,
@@ -1119,7 +1119,7 @@ impl StreamTranslator {
             let idx = self.next_index;
             self.next_index += 1;
             let id = self.id.clone();
-            let t = self.tools.get_mut(&ti).expect("inserted above");
+            let t = self.tools.entry(ti).or_default();
             t.out_index = Some(idx);
             let call_id =
                 t.id.get_or_insert_with(|| format!("call_{id}_{ti}"))
