@@ -1,7 +1,7 @@
 //! OpenAI Chat Completions: assemble a chunk stream into one
 //! `chat.completion`, and read the fields a trainer needs from it.
 
-use super::{int_at, push_str, sse::Event, tokens, Assembled, StreamOutcome, Usage, WireApi};
+use super::{int_at, push_name, push_str, sse::Event, tokens, Assembled, StreamOutcome, Usage, WireApi};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 
@@ -110,7 +110,7 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
                     }
                     if let Some(f) = tc.get("function") {
                         if let Some(n) = f.get("name").and_then(Value::as_str) {
-                            t.name.get_or_insert_with(String::new).push_str(n);
+                            push_name(&mut t.name, n);
                         }
                         if let Some(a) = f.get("arguments").and_then(Value::as_str) {
                             t.arguments.push_str(a);

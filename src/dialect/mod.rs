@@ -285,6 +285,18 @@ pub(crate) fn ids(v: Option<&Value>) -> Option<Vec<i32>> {
         .collect()
 }
 
+/// Add a streamed tool call's name piece to the name so far. llama.cpp's
+/// server repeats the whole name (and id) in every delta of a call; a piece
+/// equal to the whole non-empty name so far is such a repeat, not a
+/// continuation. (A name split into two equal halves, `ab` + `ab`, reads as
+/// `ab`: no server is known to split names so.)
+pub(crate) fn push_name(acc: &mut Option<String>, piece: &str) {
+    match acc {
+        Some(name) if !name.is_empty() && name == piece => {}
+        _ => acc.get_or_insert_with(String::new).push_str(piece),
+    }
+}
+
 /// Append JSON string `piece` to an optional accumulated string.
 pub(crate) fn push_str(acc: &mut Option<String>, piece: Option<&Value>) {
     if let Some(s) = piece.and_then(Value::as_str) {

@@ -1095,11 +1095,12 @@ impl StreamTranslator {
         let ti = tc.get("index").and_then(Value::as_u64).unwrap_or(0);
         {
             let t = self.tools.entry(ti).or_default();
+            // The first id stays: it is the one announced to the harness.
             if let Some(id) = tc.get("id").and_then(Value::as_str) {
-                t.id = Some(id.to_owned());
+                t.id.get_or_insert_with(|| id.to_owned());
             }
             if let Some(n) = tc.pointer("/function/name").and_then(Value::as_str) {
-                t.name.get_or_insert_with(String::new).push_str(n);
+                super::push_name(&mut t.name, n);
             }
         }
         let args = tc

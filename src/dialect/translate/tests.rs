@@ -145,6 +145,89 @@ fn whole_answers_translate_back() {
     assert_eq!(chat_to_messages(&long)["stop_reason"], "max_tokens");
 }
 
+/// A llama.cpp-server stream (llama-cpp-python 0.3.x): every tool-call
+/// delta repeats the call's `id` and whole `function.name`; the arguments
+/// come in pieces.
+fn llama_cpp_tool_stream() -> Vec<u8> {
+    let mut s = String::new();
+    for args in ["", "{\"loc", "ation\": ", "\"Paris\"}"] {
+        let c = json!({"id": "chatcmpl-l", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"role": null, "content": null, "tool_calls": [{"index": 0,
+                "id": "call__0_get_weather_cmpl-1", "type": "function",
+                "function": {"name": "get_weather", "arguments": args}}]},
+                "logprobs": null, "finish_reason": null}]});
+        s += &format!("data: {c}\n\n");
+    }
+    let c = json!({"id": "chatcmpl-l", "object": "chat.completion.chunk", "created": 1, "model": "m",
+        "choices": [{"index": 0, "delta": {}, "logprobs": null, "finish_reason": "tool_calls"}]});
+    s += &format!("data: {c}\n\ndata: [DONE]\n\n");
+    s.into_bytes()
+}
+
+/// Events of `api`'s stream translated from `upstream`, as JSON values.
+fn translated_events(api: WireApi, upstream: &[u8]) -> (Vec<u8>, Vec<Value>) {
+    let mut t = StreamTranslator::new(api);
+    let mut out = Vec::new();
+    for ev in sse::parse_all(upstream) {
+        out.extend(t.feed(&ev));
+    }
+    let events = sse::parse_all(&out)
+        .iter()
+        .map(|e| serde_json::from_str(&e.data).unwrap())
+        .collect();
+    (out, events)
+}
+
+#[test]
+fn repeated_tool_names_and_ids_are_taken_once() {
+    let upstream = llama_cpp_tool_stream();
+    let args = "{\"location\": \"Paris\"}";
+    // The recorded assembly.
+    let a = WireApi::ChatCompletions.assemble(&upstream, true);
+    let calls = a.tool_calls.unwrap();
+    assert_eq!(calls.as_array().unwrap().len(), 1);
+    assert_eq!(calls[0]["id"], "call__0_get_weather_cmpl-1");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    assert_eq!(calls[0]["function"]["arguments"], args);
+    // Responses: the item announced, done and completed carries the name once.
+    let (out, events) = translated_events(WireApi::Responses, &upstream);
+    let of = |kind: &str| events.iter().filter(|e| e["type"] == kind).cloned().collect::<Vec<_>>();
+    let done = of("response.output_item.done");
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0]["item"]["name"], "get_weather");
+    assert_eq!(done[0]["item"]["call_id"], "call__0_get_weather_cmpl-1");
+    assert_eq!(done[0]["item"]["arguments"], args);
+    let completed = of("response.completed");
+    assert_eq!(completed[0]["response"]["output"][0]["name"], "get_weather");
+    assert_eq!(of("response.output_item.added")[0]["item"]["name"], "get_weather");
+    let r = WireApi::Responses.assemble(&out, true);
+    assert_eq!(r.tool_calls.unwrap()[0]["function"]["name"], "get_weather");
+    // Messages: one tool_use block, named once.
+    let (out, events) = translated_events(WireApi::Messages, &upstream);
+    let starts: Vec<&Value> = events.iter().filter(|e| e["type"] == "content_block_start").collect();
+    assert_eq!(starts.len(), 1);
+    assert_eq!(starts[0]["content_block"]["name"], "get_weather");
+    assert_eq!(starts[0]["content_block"]["id"], "call__0_get_weather_cmpl-1");
+    let m = WireApi::Messages.assemble(&out, true);
+    let got = m.tool_calls.unwrap()[0]["function"]["arguments"].clone();
+    assert_eq!(
+        serde_json::from_str::<Value>(got.as_str().unwrap()).unwrap(),
+        json!({"location": "Paris"})
+    );
+}
+
+#[test]
+fn a_name_sent_in_pieces_is_still_joined() {
+    let mut s = String::new();
+    for (name, args) in [("get_", ""), ("weather", "{}")] {
+        let c = json!({"id": "c", "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"name": name, "arguments": args}}]}}]});
+        s += &format!("data: {c}\n\n");
+    }
+    s += "data: [DONE]\n\n";
+    let a = WireApi::ChatCompletions.assemble(s.as_bytes(), true);
+    assert_eq!(a.tool_calls.unwrap()[0]["function"]["name"], "get_weather");
+}
+
 // ---------------------------------------------------------------- properties
 
 fn text() -> impl Strategy<Value = String> {
