@@ -667,29 +667,51 @@ fn reasoning_of(msg: &Value) -> Option<&str> {
         .filter(|s| !s.is_empty())
 }
 
+/// Chat usage as Responses usage; `null` unless the upstream sent both token
+/// counts (clients such as Codex need all three counts or none). The total is
+/// their sum when not sent; the details appear only when sent.
 fn responses_usage(u: &Value) -> Value {
-    if u.is_null() {
+    let i = |p: &str| u.pointer(p).and_then(Value::as_i64);
+    let (Some(input), Some(output)) = (i("/prompt_tokens"), i("/completion_tokens")) else {
         return Value::Null;
+    };
+    let mut out = Map::new();
+    out.insert("input_tokens".into(), json!(input));
+    if let Some(c) = i("/prompt_tokens_details/cached_tokens") {
+        out.insert("input_tokens_details".into(), json!({"cached_tokens": c}));
     }
-    let i = |p: &str| u.pointer(p).and_then(Value::as_i64).unwrap_or(0);
-    json!({
-        "input_tokens": i("/prompt_tokens"),
-        "input_tokens_details": {"cached_tokens": i("/prompt_tokens_details/cached_tokens")},
-        "output_tokens": i("/completion_tokens"),
-        "output_tokens_details": {"reasoning_tokens": i("/completion_tokens_details/reasoning_tokens")},
-        "total_tokens": i("/total_tokens"),
-    })
+    out.insert("output_tokens".into(), json!(output));
+    if let Some(r) = i("/completion_tokens_details/reasoning_tokens") {
+        out.insert("output_tokens_details".into(), json!({"reasoning_tokens": r}));
+    }
+    let total = i("/total_tokens").unwrap_or(input.saturating_add(output));
+    out.insert("total_tokens".into(), json!(total));
+    Value::Object(out)
 }
 
+/// Chat usage as Messages usage, with only the counts the upstream sent (an
+/// empty object when none: clients read `usage.output_tokens` of an object
+/// that must be there). Anthropic counts cache reads apart from
+/// `input_tokens`; Chat Completions has no cache writes, so with a known
+/// prompt count they are 0.
 fn messages_usage(u: &Value) -> Value {
-    let i = |p: &str| u.pointer(p).and_then(Value::as_i64).unwrap_or(0);
+    let i = |p: &str| u.pointer(p).and_then(Value::as_i64);
     let cached = i("/prompt_tokens_details/cached_tokens");
-    json!({
-        "input_tokens": i("/prompt_tokens").saturating_sub(cached),
-        "output_tokens": i("/completion_tokens"),
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": cached,
-    })
+    let mut out = Map::new();
+    if let Some(p) = i("/prompt_tokens") {
+        out.insert(
+            "input_tokens".into(),
+            json!(p.saturating_sub(cached.unwrap_or(0))),
+        );
+        out.insert("cache_creation_input_tokens".into(), json!(0));
+    }
+    if let Some(c) = i("/completion_tokens") {
+        out.insert("output_tokens".into(), json!(c));
+    }
+    if let Some(c) = cached {
+        out.insert("cache_read_input_tokens".into(), json!(c));
+    }
+    Value::Object(out)
 }
 
 fn stop_reason(finish: Option<&str>, has_tools: bool) -> &'static str {
@@ -944,7 +966,7 @@ impl StreamTranslator {
             _ => {
                 let m = json!({"id": format!("msg_{}", self.id), "type": "message", "role": "assistant",
                     "model": self.model, "content": [], "stop_reason": null, "stop_sequence": null,
-                    "usage": {"input_tokens": 0, "output_tokens": 0, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}});
+                    "usage": messages_usage(&self.usage)});
                 self.emit(out, "message_start", json!({"message": m}));
             }
         }
@@ -1201,11 +1223,11 @@ impl StreamTranslator {
             out.extend(self.api.error_event(&err));
             return out;
         }
-        if !self.started {
-            self.start(&chunk, &mut out);
-        }
         if let Some(u) = chunk.get("usage").filter(|u| !u.is_null()) {
             self.usage = u.clone();
+        }
+        if !self.started {
+            self.start(&chunk, &mut out);
         }
         for c in chunk
             .get("choices")

@@ -228,6 +228,70 @@ fn a_name_sent_in_pieces_is_still_joined() {
     assert_eq!(a.tool_calls.unwrap()[0]["function"]["name"], "get_weather");
 }
 
+/// A chat stream that says "hi" and sends no usage.
+fn stream_without_usage() -> Vec<u8> {
+    let c = json!({"id": "chatcmpl-u", "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]});
+    format!("data: {c}\n\ndata: [DONE]\n\n").into_bytes()
+}
+
+#[test]
+fn usage_not_sent_is_not_invented() {
+    let upstream = stream_without_usage();
+    let none = crate::dialect::Usage::default();
+    assert_eq!(WireApi::ChatCompletions.assemble(&upstream, true).usage, none);
+    // Messages: the usage objects are there (SDKs read into them), empty.
+    let (out, events) = translated_events(WireApi::Messages, &upstream);
+    let start = events.iter().find(|e| e["type"] == "message_start").unwrap();
+    assert_eq!(start["message"]["usage"], json!({}));
+    let delta = events.iter().find(|e| e["type"] == "message_delta").unwrap();
+    assert_eq!(delta["usage"], json!({}));
+    let a = WireApi::Messages.assemble(&out, true);
+    assert_eq!(a.usage, none);
+    assert_eq!(a.message.unwrap()["content"], "hi");
+    // Responses: usage is null.
+    let (out, events) = translated_events(WireApi::Responses, &upstream);
+    let done = events.iter().find(|e| e["type"] == "response.completed").unwrap();
+    assert_eq!(done["response"]["usage"], Value::Null);
+    assert_eq!(WireApi::Responses.assemble(&out, true).usage, none);
+    // Whole answers likewise.
+    let whole = WireApi::ChatCompletions.assemble(&upstream, true).response.unwrap();
+    let m = chat_to_messages(&whole);
+    assert_eq!(m["usage"], json!({}));
+    assert_eq!(WireApi::Messages.assemble(m.to_string().as_bytes(), false).usage, none);
+    let r = chat_to_responses(&whole);
+    assert_eq!(r["usage"], Value::Null);
+    assert_eq!(WireApi::Responses.assemble(r.to_string().as_bytes(), false).usage, none);
+}
+
+#[test]
+fn usage_sent_in_part_is_translated_in_part() {
+    let u = json!({"prompt_tokens": 9});
+    assert_eq!(messages_usage(&u), json!({"input_tokens": 9, "cache_creation_input_tokens": 0}));
+    assert_eq!(responses_usage(&u), Value::Null);
+    let u = json!({"completion_tokens": 2});
+    assert_eq!(messages_usage(&u), json!({"output_tokens": 2}));
+    let u = json!({"prompt_tokens": 9, "completion_tokens": 2});
+    assert_eq!(
+        responses_usage(&u),
+        json!({"input_tokens": 9, "output_tokens": 2, "total_tokens": 11})
+    );
+    // Numbers at the edge of i64 neither panic nor wrap.
+    let u = json!({"prompt_tokens": i64::MIN, "completion_tokens": i64::MAX, "prompt_tokens_details": {"cached_tokens": 5}});
+    assert_eq!(messages_usage(&u)["input_tokens"], i64::MIN);
+    let u = json!({"prompt_tokens": i64::MAX, "completion_tokens": i64::MAX});
+    assert_eq!(responses_usage(&u)["total_tokens"], i64::MAX);
+}
+
+#[test]
+fn usage_in_the_first_chunk_is_in_message_start() {
+    let c = json!({"id": "chatcmpl-u", "usage": {"prompt_tokens": 4, "completion_tokens": 0},
+        "choices": [{"index": 0, "delta": {"content": "hi"}}]});
+    let upstream = format!("data: {c}\n\ndata: [DONE]\n\n");
+    let (_, events) = translated_events(WireApi::Messages, upstream.as_bytes());
+    assert_eq!(events[0]["type"], "message_start");
+    assert_eq!(events[0]["message"]["usage"]["input_tokens"], 4);
+}
+
 // ---------------------------------------------------------------- properties
 
 fn text() -> impl Strategy<Value = String> {
