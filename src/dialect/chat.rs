@@ -31,7 +31,7 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
     let mut head = Map::new();
     let mut choices: BTreeMap<u64, ChoiceAcc> = BTreeMap::new();
     let mut usage = None;
-    let mut error = None;
+    let mut outcome = StreamOutcome::default();
     let mut extra = Map::new();
     let mut seen = false;
     for ev in events {
@@ -41,8 +41,8 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
         let Ok(chunk) = serde_json::from_str::<Value>(&ev.data) else {
             continue;
         };
-        if let Some(e) = chunk.get("error") {
-            error = Some(e.to_string());
+        if let Some(e) = chunk.get("error").filter(|e| !e.is_null()) {
+            outcome.note_error(e);
             continue;
         }
         seen = true;
@@ -135,10 +135,7 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
         }
     }
     if !seen {
-        return StreamOutcome {
-            response: None,
-            error,
-        };
+        return outcome;
     }
     let mut obj = head;
     obj.insert("object".into(), json!("chat.completion"));
@@ -186,10 +183,8 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
     obj.insert("choices".into(), Value::Array(choices));
     obj.insert("usage".into(), usage.unwrap_or(Value::Null));
     obj.extend(extra);
-    StreamOutcome {
-        response: Some(Value::Object(obj)),
-        error,
-    }
+    outcome.response = Some(Value::Object(obj));
+    outcome
 }
 
 /// Read message, tool calls, usage and tokens from a `chat.completion`.

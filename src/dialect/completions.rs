@@ -12,7 +12,7 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
     let mut lp_values: Vec<Value> = Vec::new();
     let mut token_ids: Option<Vec<Value>> = None;
     let mut choice_extra = Map::new();
-    let mut error = None;
+    let mut outcome = StreamOutcome::default();
     let mut seen = false;
     for ev in events {
         if ev.data == "[DONE]" {
@@ -21,8 +21,8 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
         let Ok(chunk) = serde_json::from_str::<Value>(&ev.data) else {
             continue;
         };
-        if let Some(e) = chunk.get("error") {
-            error = Some(e.to_string());
+        if let Some(e) = chunk.get("error").filter(|e| !e.is_null()) {
+            outcome.note_error(e);
             continue;
         }
         seen = true;
@@ -75,10 +75,7 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
         }
     }
     if !seen {
-        return StreamOutcome {
-            response: None,
-            error,
-        };
+        return outcome;
     }
     let mut choice =
         json!({"index": 0, "text": text, "finish_reason": finish, "logprobs": Value::Null});
@@ -95,10 +92,8 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
     obj.insert("object".into(), json!("text_completion"));
     obj.insert("choices".into(), json!([choice]));
     obj.insert("usage".into(), usage);
-    StreamOutcome {
-        response: Some(Value::Object(obj)),
-        error,
-    }
+    outcome.response = Some(Value::Object(obj));
+    outcome
 }
 
 pub fn extract(resp: &Value, out: &mut Assembled) {

@@ -18,7 +18,7 @@ struct Block {
 pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
     let mut message: Option<Map<String, Value>> = None;
     let mut blocks: BTreeMap<u64, Block> = BTreeMap::new();
-    let mut error = None;
+    let mut outcome = StreamOutcome::default();
     for ev in events {
         let Ok(data) = serde_json::from_str::<Value>(&ev.data) else {
             continue;
@@ -89,15 +89,12 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
                     }
                 }
             }
-            "error" => error = Some(data.get("error").unwrap_or(&data).to_string()),
+            "error" => outcome.note_error(data.get("error").unwrap_or(&data)),
             _ => {}
         }
     }
     let Some(mut m) = message else {
-        return StreamOutcome {
-            response: None,
-            error,
-        };
+        return outcome;
     };
     let content: Vec<Value> = blocks
         .into_values()
@@ -121,10 +118,8 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
         })
         .collect();
     m.insert("content".into(), Value::Array(content));
-    StreamOutcome {
-        response: Some(Value::Object(m)),
-        error,
-    }
+    outcome.response = Some(Value::Object(m));
+    outcome
 }
 
 /// Read message, tool calls, stop reason and usage from a `message`, in

@@ -79,6 +79,7 @@ impl WireApi {
         } else {
             match serde_json::from_slice::<Value>(body) {
                 Ok(v) => StreamOutcome {
+                    failure: self.body_failure(&v),
                     response: Some(v),
                     error: None,
                 },
@@ -87,6 +88,7 @@ impl WireApi {
         };
         let mut out = Assembled {
             error: value.error,
+            failure: value.failure,
             ..Assembled::default()
         };
         if let Some(resp) = value.response {
@@ -99,6 +101,23 @@ impl WireApi {
             out.response = Some(resp);
         }
         out
+    }
+
+    /// The failure a whole (HTTP 200) body reports: an error object, or a
+    /// Responses `status` of `failed` / `incomplete`.
+    fn body_failure(self, v: &Value) -> Option<StreamFailure> {
+        let error = match self {
+            Self::Messages => (v.get("type").and_then(Value::as_str) == Some("error"))
+                .then(|| v.get("error").unwrap_or(v)),
+            Self::Responses => {
+                if let Some(f) = responses::status_failure(v) {
+                    return Some(f);
+                }
+                v.get("error").filter(|e| !e.is_null())
+            }
+            Self::ChatCompletions | Self::Completions => v.get("error").filter(|e| !e.is_null()),
+        };
+        error.map(StreamFailure::error)
     }
 
     /// Normalize a request body to chat-format messages and tool definitions.
@@ -216,7 +235,72 @@ impl ApiError {
 #[derive(Debug, Default)]
 pub struct StreamOutcome {
     pub response: Option<Value>,
+    /// The last error event, as JSON text.
     pub error: Option<String>,
+    /// The last failure the stream reported (error events included).
+    pub failure: Option<StreamFailure>,
+}
+
+impl StreamOutcome {
+    /// Note an error event (or the error object it carries).
+    pub(crate) fn note_error(&mut self, e: &Value) {
+        self.error = Some(e.to_string());
+        self.failure = Some(StreamFailure::error(e));
+    }
+}
+
+/// How an answer that came with HTTP 200 ended in failure, as the upstream
+/// reported it inside the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StreamFailureKind {
+    /// Responses `response.failed`, or a `response` whose `status` is `failed`.
+    Failed,
+    /// Responses `response.incomplete`, or `status: incomplete`. The reason
+    /// also sets the finish reason (`max_output_tokens` is `length`), so a
+    /// caller may treat an `Incomplete` with finish reason `length` as a
+    /// normal stop.
+    Incomplete,
+    /// An error event or body: Messages `event: error` / `{"type":"error"}`,
+    /// the Responses `error` event, a Chat Completions or Completions chunk
+    /// (or body) with an `error` object.
+    Error,
+}
+
+impl StreamFailureKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Failed => "failed",
+            Self::Incomplete => "incomplete",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// A terminal failure reported inside an answer, with the upstream's words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamFailure {
+    pub kind: StreamFailureKind,
+    pub message: String,
+}
+
+impl StreamFailure {
+    /// An error event or body `e` (an error object, or an event carrying one).
+    pub(crate) fn error(e: &Value) -> Self {
+        Self {
+            kind: StreamFailureKind::Error,
+            message: error_message(e),
+        }
+    }
+}
+
+/// The message of an error object (`message`, or `error.message`), else the
+/// error's text.
+pub(crate) fn error_message(e: &Value) -> String {
+    e.get("message")
+        .and_then(Value::as_str)
+        .or_else(|| e.pointer("/error/message").and_then(Value::as_str))
+        .or_else(|| e.as_str())
+        .map_or_else(|| e.to_string(), str::to_owned)
 }
 
 /// A request normalized to chat format.
@@ -268,8 +352,12 @@ pub struct Assembled {
     pub finish_reason: Option<String>,
     pub usage: Usage,
     pub tokens: Tokens,
-    /// An error event found inside a stream.
+    /// An error event found inside a stream, as JSON text (the last one).
     pub error: Option<String>,
+    /// A failure the upstream reported inside an HTTP 200 answer (stream or
+    /// whole body): error events as in `error`, and Responses `failed` /
+    /// `incomplete`.
+    pub failure: Option<StreamFailure>,
 }
 
 /// Read an integer field path such as `["usage", "prompt_tokens"]`.
@@ -301,5 +389,108 @@ pub(crate) fn push_name(acc: &mut Option<String>, piece: &str) {
 pub(crate) fn push_str(acc: &mut Option<String>, piece: Option<&Value>) {
     if let Some(s) = piece.and_then(Value::as_str) {
         acc.get_or_insert_with(String::new).push_str(s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StreamFailureKind::{Error, Failed, Incomplete};
+    use super::*;
+
+    fn failure(api: WireApi, body: &str, stream: bool) -> Option<(StreamFailureKind, String)> {
+        api.assemble(body.as_bytes(), stream)
+            .failure
+            .map(|f| (f.kind, f.message))
+    }
+
+    fn err(kind: StreamFailureKind, m: &str) -> Option<(StreamFailureKind, String)> {
+        Some((kind, m.to_owned()))
+    }
+
+    #[test]
+    fn chat_and_completions_error_chunks_and_bodies() {
+        let s = concat!(
+            "data: {\"id\":\"c\",\"error\":null,\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n",
+            "data: {\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}\n\n",
+        );
+        for api in [WireApi::ChatCompletions, WireApi::Completions] {
+            assert_eq!(failure(api, s, true), err(Error, "out of memory"));
+            let a = api.assemble(s.as_bytes(), true);
+            // The error text stays what it was; an `"error": null` chunk is
+            // an ordinary chunk.
+            assert_eq!(
+                a.error.as_deref(),
+                Some("{\"message\":\"out of memory\",\"type\":\"server_error\"}")
+            );
+            assert!(a.response.is_some());
+            let body = "{\"error\":{\"message\":\"bad\",\"code\":500}}";
+            assert_eq!(failure(api, body, false), err(Error, "bad"));
+            assert_eq!(failure(api, "{\"error\":\"plain\"}", false), err(Error, "plain"));
+            assert_eq!(failure(api, "{\"id\":\"c\",\"error\":null,\"choices\":[]}", false), None);
+        }
+        let ok = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n";
+        assert_eq!(failure(WireApi::ChatCompletions, ok, true), None);
+    }
+
+    #[test]
+    fn responses_failed_incomplete_and_error_events() {
+        let failed = concat!(
+            "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"r\",\"status\":\"in_progress\",\"output\":[]}}\n\n",
+            "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"id\":\"r\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"boom\"},\"output\":[]}}\n\n",
+        );
+        assert_eq!(failure(WireApi::Responses, failed, true), err(Failed, "boom"));
+        assert_eq!(
+            WireApi::Responses.assemble(failed.as_bytes(), true).finish_reason.as_deref(),
+            Some("error")
+        );
+        let incomplete = "event: response.incomplete\ndata: {\"type\":\"response.incomplete\",\"response\":{\"status\":\"incomplete\",\"incomplete_details\":{\"reason\":\"max_output_tokens\"},\"output\":[]}}\n\n";
+        let a = WireApi::Responses.assemble(incomplete.as_bytes(), true);
+        assert_eq!(a.finish_reason.as_deref(), Some("length"));
+        assert_eq!(
+            a.failure.map(|f| (f.kind, f.message)),
+            err(Incomplete, "incomplete: max_output_tokens")
+        );
+        let no_object = "data: {\"type\":\"response.failed\",\"response\":null}\n\n";
+        assert_eq!(
+            failure(WireApi::Responses, no_object, true),
+            err(Failed, "the upstream sent response.failed")
+        );
+        let error = "event: error\ndata: {\"type\":\"error\",\"code\":\"rate_limit_exceeded\",\"message\":\"slow down\",\"param\":null}\n\n";
+        assert_eq!(failure(WireApi::Responses, error, true), err(Error, "slow down"));
+        assert!(WireApi::Responses.assemble(error.as_bytes(), true).error.is_some());
+        // A stream cut short is rebuilt as incomplete, but that is not the
+        // upstream's report.
+        let cut = "data: {\"type\":\"response.output_text.delta\",\"output_index\":0,\"delta\":\"x\"}\n\n";
+        assert_eq!(failure(WireApi::Responses, cut, true), None);
+        // Whole bodies.
+        let body = "{\"object\":\"response\",\"status\":\"failed\",\"error\":{\"message\":\"no\"},\"output\":[]}";
+        assert_eq!(failure(WireApi::Responses, body, false), err(Failed, "no"));
+        let body = "{\"object\":\"response\",\"status\":\"incomplete\",\"incomplete_details\":{\"reason\":\"content_filter\"}}";
+        assert_eq!(
+            failure(WireApi::Responses, body, false),
+            err(Incomplete, "incomplete: content_filter")
+        );
+        let ok = "{\"object\":\"response\",\"status\":\"completed\",\"error\":null,\"output\":[]}";
+        assert_eq!(failure(WireApi::Responses, ok, false), None);
+        let err_body = "{\"error\":{\"message\":\"bad key\",\"type\":\"invalid_request_error\"}}";
+        assert_eq!(failure(WireApi::Responses, err_body, false), err(Error, "bad key"));
+    }
+
+    #[test]
+    fn messages_error_events_and_bodies() {
+        let s = concat!(
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"content\":[],\"usage\":{}}}\n\n",
+            "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n",
+        );
+        assert_eq!(failure(WireApi::Messages, s, true), err(Error, "Overloaded"));
+        let a = WireApi::Messages.assemble(s.as_bytes(), true);
+        assert_eq!(
+            a.error.as_deref(),
+            Some("{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}")
+        );
+        let body = "{\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"Internal\"}}";
+        assert_eq!(failure(WireApi::Messages, body, false), err(Error, "Internal"));
+        let ok = "{\"type\":\"message\",\"content\":[],\"stop_reason\":\"end_turn\"}";
+        assert_eq!(failure(WireApi::Messages, ok, false), None);
     }
 }

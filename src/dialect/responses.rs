@@ -2,7 +2,10 @@
 //! read the fields a trainer needs, and normalize `input` items to chat
 //! messages.
 
-use super::{int_at, sse::Event, Assembled, Normalized, StreamOutcome, Usage};
+use super::{
+    error_message, int_at, sse::Event, Assembled, Normalized, StreamFailure, StreamFailureKind,
+    StreamOutcome, Usage,
+};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 
@@ -13,7 +16,7 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
     let mut base: Option<Map<String, Value>> = None;
     let mut done_items: BTreeMap<u64, Value> = BTreeMap::new();
     let mut partial_text: BTreeMap<u64, String> = BTreeMap::new();
-    let mut error = None;
+    let mut outcome = StreamOutcome::default();
     for ev in events {
         let Ok(data) = serde_json::from_str::<Value>(&ev.data) else {
             continue;
@@ -25,11 +28,25 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
             .unwrap_or("");
         match kind {
             "response.completed" | "response.failed" | "response.incomplete" => {
-                if let Some(r) = data.get("response").filter(|r| r.is_object()) {
-                    return StreamOutcome {
-                        response: Some(r.clone()),
-                        error,
-                    };
+                let r = data.get("response").filter(|r| r.is_object());
+                let said = match kind {
+                    "response.failed" => Some(StreamFailureKind::Failed),
+                    "response.incomplete" => Some(StreamFailureKind::Incomplete),
+                    _ => None,
+                };
+                // The response's status and error say it best; else the event's name.
+                let failure = r.and_then(status_failure).or_else(|| {
+                    said.map(|failed| StreamFailure {
+                        kind: failed,
+                        message: format!("the upstream sent {kind}"),
+                    })
+                });
+                if failure.is_some() {
+                    outcome.failure = failure;
+                }
+                if let Some(r) = r {
+                    outcome.response = Some(r.clone());
+                    return outcome;
                 }
             }
             "response.created" | "response.in_progress" => {
@@ -59,18 +76,13 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
                     partial_text.entry(idx).or_default().push_str(d);
                 }
             }
-            "error" => error = Some(data.to_string()),
+            "error" => outcome.note_error(&data),
             _ => {}
         }
     }
     let mut resp = match base {
         Some(b) => b,
-        None if done_items.is_empty() && partial_text.is_empty() => {
-            return StreamOutcome {
-                response: None,
-                error,
-            }
-        }
+        None if done_items.is_empty() && partial_text.is_empty() => return outcome,
         None => Map::from_iter([("object".into(), json!("response"))]),
     };
     for (idx, text) in partial_text {
@@ -84,10 +96,32 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
         Value::Array(done_items.into_values().collect()),
     );
     resp.insert("status".into(), json!("incomplete"));
-    StreamOutcome {
-        response: Some(Value::Object(resp)),
-        error,
-    }
+    outcome.response = Some(Value::Object(resp));
+    outcome
+}
+
+/// The failure a `response` object's `status` reports: `failed` (with its
+/// `error`), or `incomplete` (with its reason).
+pub(crate) fn status_failure(resp: &Value) -> Option<StreamFailure> {
+    let (kind, message) = match resp.get("status").and_then(Value::as_str)? {
+        "failed" => (
+            StreamFailureKind::Failed,
+            resp.get("error")
+                .filter(|e| !e.is_null())
+                .map_or_else(|| "the response failed".to_owned(), error_message),
+        ),
+        "incomplete" => (
+            StreamFailureKind::Incomplete,
+            format!(
+                "incomplete: {}",
+                resp.pointer("/incomplete_details/reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or("no reason given")
+            ),
+        ),
+        _ => return None,
+    };
+    Some(StreamFailure { kind, message })
 }
 
 /// Read message, tool calls, usage and finish reason from a `response`.

@@ -1214,11 +1214,8 @@ impl StreamTranslator {
         let Ok(chunk) = serde_json::from_str::<Value>(&ev.data) else {
             return out;
         };
-        if let Some(e) = chunk.get("error") {
-            let msg = e
-                .get("message")
-                .and_then(Value::as_str)
-                .map_or_else(|| e.to_string(), str::to_owned);
+        if let Some(e) = chunk.get("error").filter(|e| !e.is_null()) {
+            let msg = super::error_message(e);
             let err = super::ApiError::new(502, "server_error", "upstream_stream_error", msg);
             out.extend(self.api.error_event(&err));
             return out;
