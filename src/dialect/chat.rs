@@ -1,7 +1,9 @@
 //! OpenAI Chat Completions: assemble a chunk stream into one
 //! `chat.completion`, and read the fields a trainer needs from it.
 
-use super::{int_at, push_name, push_str, sse::Event, tokens, Assembled, StreamOutcome, Usage, WireApi};
+use super::{
+    int_at, push_name, push_str, sse::Event, tokens, Assembled, StreamOutcome, Usage, WireApi,
+};
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
 

@@ -11,6 +11,9 @@ pub mod terminal;
 pub mod tokens;
 pub mod translate;
 
+#[cfg(test)]
+mod fuzz_tests;
+
 use serde_json::{json, Value};
 
 /// The wire API a harness spoke for one call.
@@ -425,10 +428,17 @@ mod tests {
             assert!(a.response.is_some());
             let body = "{\"error\":{\"message\":\"bad\",\"code\":500}}";
             assert_eq!(failure(api, body, false), err(Error, "bad"));
-            assert_eq!(failure(api, "{\"error\":\"plain\"}", false), err(Error, "plain"));
-            assert_eq!(failure(api, "{\"id\":\"c\",\"error\":null,\"choices\":[]}", false), None);
+            assert_eq!(
+                failure(api, "{\"error\":\"plain\"}", false),
+                err(Error, "plain")
+            );
+            assert_eq!(
+                failure(api, "{\"id\":\"c\",\"error\":null,\"choices\":[]}", false),
+                None
+            );
         }
-        let ok = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n";
+        let ok =
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n";
         assert_eq!(failure(WireApi::ChatCompletions, ok, true), None);
     }
 
@@ -438,9 +448,15 @@ mod tests {
             "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"r\",\"status\":\"in_progress\",\"output\":[]}}\n\n",
             "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"id\":\"r\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"boom\"},\"output\":[]}}\n\n",
         );
-        assert_eq!(failure(WireApi::Responses, failed, true), err(Failed, "boom"));
         assert_eq!(
-            WireApi::Responses.assemble(failed.as_bytes(), true).finish_reason.as_deref(),
+            failure(WireApi::Responses, failed, true),
+            err(Failed, "boom")
+        );
+        assert_eq!(
+            WireApi::Responses
+                .assemble(failed.as_bytes(), true)
+                .finish_reason
+                .as_deref(),
             Some("error")
         );
         let incomplete = "event: response.incomplete\ndata: {\"type\":\"response.incomplete\",\"response\":{\"status\":\"incomplete\",\"incomplete_details\":{\"reason\":\"max_output_tokens\"},\"output\":[]}}\n\n";
@@ -456,8 +472,14 @@ mod tests {
             err(Failed, "the upstream sent response.failed")
         );
         let error = "event: error\ndata: {\"type\":\"error\",\"code\":\"rate_limit_exceeded\",\"message\":\"slow down\",\"param\":null}\n\n";
-        assert_eq!(failure(WireApi::Responses, error, true), err(Error, "slow down"));
-        assert!(WireApi::Responses.assemble(error.as_bytes(), true).error.is_some());
+        assert_eq!(
+            failure(WireApi::Responses, error, true),
+            err(Error, "slow down")
+        );
+        assert!(WireApi::Responses
+            .assemble(error.as_bytes(), true)
+            .error
+            .is_some());
         // A stream cut short is rebuilt as incomplete, but that is not the
         // upstream's report.
         let cut = "data: {\"type\":\"response.output_text.delta\",\"output_index\":0,\"delta\":\"x\"}\n\n";
@@ -473,7 +495,10 @@ mod tests {
         let ok = "{\"object\":\"response\",\"status\":\"completed\",\"error\":null,\"output\":[]}";
         assert_eq!(failure(WireApi::Responses, ok, false), None);
         let err_body = "{\"error\":{\"message\":\"bad key\",\"type\":\"invalid_request_error\"}}";
-        assert_eq!(failure(WireApi::Responses, err_body, false), err(Error, "bad key"));
+        assert_eq!(
+            failure(WireApi::Responses, err_body, false),
+            err(Error, "bad key")
+        );
     }
 
     #[test]
@@ -482,14 +507,21 @@ mod tests {
             "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"content\":[],\"usage\":{}}}\n\n",
             "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n",
         );
-        assert_eq!(failure(WireApi::Messages, s, true), err(Error, "Overloaded"));
+        assert_eq!(
+            failure(WireApi::Messages, s, true),
+            err(Error, "Overloaded")
+        );
         let a = WireApi::Messages.assemble(s.as_bytes(), true);
         assert_eq!(
             a.error.as_deref(),
             Some("{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}")
         );
-        let body = "{\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"Internal\"}}";
-        assert_eq!(failure(WireApi::Messages, body, false), err(Error, "Internal"));
+        let body =
+            "{\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"Internal\"}}";
+        assert_eq!(
+            failure(WireApi::Messages, body, false),
+            err(Error, "Internal")
+        );
         let ok = "{\"type\":\"message\",\"content\":[],\"stop_reason\":\"end_turn\"}";
         assert_eq!(failure(WireApi::Messages, ok, false), None);
     }

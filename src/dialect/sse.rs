@@ -215,7 +215,10 @@ mod tests {
         let mut out = Vec::new();
         p.feed(b"data: 0123456789abcdef\n\ndata: ok\n\n", &mut out);
         p.feed(b"data: 1234\ndata: 5678\ndata: 9\ndata: abc\n\n", &mut out);
-        p.feed("event: e\ndata: x\u{e9}\u{e9}\u{e9}\u{e9}\n\n".as_bytes(), &mut out);
+        p.feed(
+            "event: e\ndata: x\u{e9}\u{e9}\u{e9}\u{e9}\n\n".as_bytes(),
+            &mut out,
+        );
         p.feed(b"event: a-very-long-name\ndata: {}\n\n", &mut out);
         p.finish(&mut out);
         let got: Vec<(&str, bool)> = out.iter().map(|e| (e.data.as_str(), e.truncated)).collect();

@@ -682,7 +682,10 @@ fn responses_usage(u: &Value) -> Value {
     }
     out.insert("output_tokens".into(), json!(output));
     if let Some(r) = i("/completion_tokens_details/reasoning_tokens") {
-        out.insert("output_tokens_details".into(), json!({"reasoning_tokens": r}));
+        out.insert(
+            "output_tokens_details".into(),
+            json!({"reasoning_tokens": r}),
+        );
     }
     let total = i("/total_tokens").unwrap_or(input.saturating_add(output));
     out.insert("total_tokens".into(), json!(total));

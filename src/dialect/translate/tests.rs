@@ -191,7 +191,13 @@ fn repeated_tool_names_and_ids_are_taken_once() {
     assert_eq!(calls[0]["function"]["arguments"], args);
     // Responses: the item announced, done and completed carries the name once.
     let (out, events) = translated_events(WireApi::Responses, &upstream);
-    let of = |kind: &str| events.iter().filter(|e| e["type"] == kind).cloned().collect::<Vec<_>>();
+    let of = |kind: &str| {
+        events
+            .iter()
+            .filter(|e| e["type"] == kind)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
     let done = of("response.output_item.done");
     assert_eq!(done.len(), 1);
     assert_eq!(done[0]["item"]["name"], "get_weather");
@@ -199,15 +205,24 @@ fn repeated_tool_names_and_ids_are_taken_once() {
     assert_eq!(done[0]["item"]["arguments"], args);
     let completed = of("response.completed");
     assert_eq!(completed[0]["response"]["output"][0]["name"], "get_weather");
-    assert_eq!(of("response.output_item.added")[0]["item"]["name"], "get_weather");
+    assert_eq!(
+        of("response.output_item.added")[0]["item"]["name"],
+        "get_weather"
+    );
     let r = WireApi::Responses.assemble(&out, true);
     assert_eq!(r.tool_calls.unwrap()[0]["function"]["name"], "get_weather");
     // Messages: one tool_use block, named once.
     let (out, events) = translated_events(WireApi::Messages, &upstream);
-    let starts: Vec<&Value> = events.iter().filter(|e| e["type"] == "content_block_start").collect();
+    let starts: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "content_block_start")
+        .collect();
     assert_eq!(starts.len(), 1);
     assert_eq!(starts[0]["content_block"]["name"], "get_weather");
-    assert_eq!(starts[0]["content_block"]["id"], "call__0_get_weather_cmpl-1");
+    assert_eq!(
+        starts[0]["content_block"]["id"],
+        "call__0_get_weather_cmpl-1"
+    );
     let m = WireApi::Messages.assemble(&out, true);
     let got = m.tool_calls.unwrap()[0]["function"]["arguments"].clone();
     assert_eq!(
@@ -238,35 +253,63 @@ fn stream_without_usage() -> Vec<u8> {
 fn usage_not_sent_is_not_invented() {
     let upstream = stream_without_usage();
     let none = crate::dialect::Usage::default();
-    assert_eq!(WireApi::ChatCompletions.assemble(&upstream, true).usage, none);
+    assert_eq!(
+        WireApi::ChatCompletions.assemble(&upstream, true).usage,
+        none
+    );
     // Messages: the usage objects are there (SDKs read into them), empty.
     let (out, events) = translated_events(WireApi::Messages, &upstream);
-    let start = events.iter().find(|e| e["type"] == "message_start").unwrap();
+    let start = events
+        .iter()
+        .find(|e| e["type"] == "message_start")
+        .unwrap();
     assert_eq!(start["message"]["usage"], json!({}));
-    let delta = events.iter().find(|e| e["type"] == "message_delta").unwrap();
+    let delta = events
+        .iter()
+        .find(|e| e["type"] == "message_delta")
+        .unwrap();
     assert_eq!(delta["usage"], json!({}));
     let a = WireApi::Messages.assemble(&out, true);
     assert_eq!(a.usage, none);
     assert_eq!(a.message.unwrap()["content"], "hi");
     // Responses: usage is null.
     let (out, events) = translated_events(WireApi::Responses, &upstream);
-    let done = events.iter().find(|e| e["type"] == "response.completed").unwrap();
+    let done = events
+        .iter()
+        .find(|e| e["type"] == "response.completed")
+        .unwrap();
     assert_eq!(done["response"]["usage"], Value::Null);
     assert_eq!(WireApi::Responses.assemble(&out, true).usage, none);
     // Whole answers likewise.
-    let whole = WireApi::ChatCompletions.assemble(&upstream, true).response.unwrap();
+    let whole = WireApi::ChatCompletions
+        .assemble(&upstream, true)
+        .response
+        .unwrap();
     let m = chat_to_messages(&whole);
     assert_eq!(m["usage"], json!({}));
-    assert_eq!(WireApi::Messages.assemble(m.to_string().as_bytes(), false).usage, none);
+    assert_eq!(
+        WireApi::Messages
+            .assemble(m.to_string().as_bytes(), false)
+            .usage,
+        none
+    );
     let r = chat_to_responses(&whole);
     assert_eq!(r["usage"], Value::Null);
-    assert_eq!(WireApi::Responses.assemble(r.to_string().as_bytes(), false).usage, none);
+    assert_eq!(
+        WireApi::Responses
+            .assemble(r.to_string().as_bytes(), false)
+            .usage,
+        none
+    );
 }
 
 #[test]
 fn usage_sent_in_part_is_translated_in_part() {
     let u = json!({"prompt_tokens": 9});
-    assert_eq!(messages_usage(&u), json!({"input_tokens": 9, "cache_creation_input_tokens": 0}));
+    assert_eq!(
+        messages_usage(&u),
+        json!({"input_tokens": 9, "cache_creation_input_tokens": 0})
+    );
     assert_eq!(responses_usage(&u), Value::Null);
     let u = json!({"completion_tokens": 2});
     assert_eq!(messages_usage(&u), json!({"output_tokens": 2}));
