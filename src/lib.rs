@@ -13,6 +13,7 @@ pub mod export;
 pub mod harness;
 pub mod model;
 pub mod record;
+pub mod redact;
 pub mod server;
 pub mod upstream;
 

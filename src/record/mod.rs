@@ -21,8 +21,8 @@ pub mod wal;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 
 pub use row::{CallRow, RolloutRow};
@@ -42,6 +42,31 @@ pub enum RecordError {
     /// shard I/O failed: {0}
     #[error("shard I/O failed: {0}")]
     Shard(String),
+}
+
+/// The error a harness gets, in place of its answer, when the WAL could not
+/// take its call's end and `shards.on_wal_error = "fail"`.
+pub fn unrecorded_error(e: &RecordError) -> crate::dialect::ApiError {
+    crate::dialect::ApiError::new(
+        503,
+        "server_error",
+        "recording_unavailable",
+        format!("rollcall could not record this call, so it does not pass the answer on (shards.on_wal_error = \"fail\"): {e}"),
+    )
+}
+
+/// Turn a call whose end the WAL could not take into the failure its
+/// harness was answered with: a 503, class `internal`.
+pub(crate) fn as_unrecorded(call: &mut CompletedCall, e: &RecordError) {
+    let err = unrecorded_error(e);
+    let api = crate::dialect::WireApi::parse(&call.begin.meta.wire_api)
+        .unwrap_or(crate::dialect::WireApi::ChatCompletions);
+    call.outcome.status = CallStatus::Failed;
+    call.outcome.http_status = Some(err.status);
+    call.outcome.failure_class = Some(FailureClass::Internal);
+    call.outcome.failure_message = Some(err.message.clone());
+    call.response = Bytes::from(api.error_body(&err));
+    call.upstream_response = None;
 }
 
 /// Everything known about a call when it arrives.
@@ -115,23 +140,38 @@ pub enum FailureClass {
     UpstreamServerError,
     /// The upstream closed a response midway.
     UpstreamDropped,
-    /// The upstream's answer could not be read as its API's response (a
-    /// translated call needs a valid Chat Completions body).
+    /// The upstream's answer could not be read as its API's response: not
+    /// JSON, the wrong shape, or a stream with no event that parses. The
+    /// raw bytes are kept in `response_raw` / `upstream_response_raw`.
     UpstreamInvalid,
-    /// The upstream's stream carried an error event.
+    /// The upstream's stream carried an error event (Messages `event:
+    /// error`, a chat chunk with an `error` object, Responses `error`).
     UpstreamStreamError,
+    /// The upstream reported the response failed (Responses `response.failed`).
+    UpstreamFailed,
+    /// The upstream reported the response incomplete (Responses
+    /// `response.incomplete`).
+    UpstreamIncomplete,
+    /// The upstream's answer exceeded `server.max_response_bytes`.
+    ResponseTooLarge,
     /// The stream lasted longer than `server.max_stream_secs`.
     StreamTimeout,
     /// The harness disconnected before the response ended.
     ClientDisconnected,
+    /// The harness stalled: its request body did not arrive, or it stopped
+    /// reading the response, for longer than `server.client_idle_timeout_secs`.
+    ClientTimeout,
+    /// No call slot came free within `server.queue_timeout_secs`.
+    Overloaded,
     /// The proxy stopped (crash, kill) while the call was in flight.
     Interrupted,
-    /// The proxy failed internally.
+    /// The proxy failed internally: the write-ahead log could not take the
+    /// call's end, or its row could not be assembled.
     Internal,
 }
 
 impl FailureClass {
-    pub const ALL: [FailureClass; 15] = [
+    pub const ALL: [FailureClass; 20] = [
         Self::BadRequest,
         Self::BodyTooLarge,
         Self::Unauthorized,
@@ -143,8 +183,13 @@ impl FailureClass {
         Self::UpstreamDropped,
         Self::UpstreamInvalid,
         Self::UpstreamStreamError,
+        Self::UpstreamFailed,
+        Self::UpstreamIncomplete,
+        Self::ResponseTooLarge,
         Self::StreamTimeout,
         Self::ClientDisconnected,
+        Self::ClientTimeout,
+        Self::Overloaded,
         Self::Interrupted,
         Self::Internal,
     ];
@@ -162,8 +207,13 @@ impl FailureClass {
             Self::UpstreamDropped => "upstream_dropped",
             Self::UpstreamInvalid => "upstream_invalid",
             Self::UpstreamStreamError => "upstream_stream_error",
+            Self::UpstreamFailed => "upstream_failed",
+            Self::UpstreamIncomplete => "upstream_incomplete",
+            Self::ResponseTooLarge => "response_too_large",
             Self::StreamTimeout => "stream_timeout",
             Self::ClientDisconnected => "client_disconnected",
+            Self::ClientTimeout => "client_timeout",
+            Self::Overloaded => "overloaded",
             Self::Interrupted => "interrupted",
             Self::Internal => "internal",
         }
@@ -210,7 +260,8 @@ pub struct CompletedCall {
     pub upstream_response: Option<Bytes>,
 }
 
-/// Live counters, read by `/metrics`.
+/// Live counters, read by `/metrics`, and the stages' health, read by
+/// `/healthz`.
 #[derive(Debug, Default)]
 pub struct RecorderStats {
     /// Rows acknowledged in the WAL and not yet in a published shard.
@@ -219,6 +270,78 @@ pub struct RecorderStats {
     pub shards_published: AtomicU64,
     pub wal_bytes_written: AtomicU64,
     pub wal_segments: AtomicI64,
+    /// Batches whose WAL write failed.
+    pub wal_write_failures: AtomicU64,
+    /// Rows whose assembly panicked and were kept as raw bytes instead.
+    pub rows_salvaged: AtomicU64,
+    /// Whether each stage's thread is running.
+    pub wal_alive: AtomicBool,
+    pub shard_alive: AtomicBool,
+    /// When each stage began its current piece of work (µs since the
+    /// epoch), 0 when idle: a stage busy for long is stuck.
+    pub wal_busy_since: AtomicI64,
+    pub shard_busy_since: AtomicI64,
+    /// The last failure of each stage, cleared by its next success.
+    wal_error: Mutex<Option<String>>,
+    shard_error: Mutex<Option<String>>,
+}
+
+/// A stage busy on one piece of work for longer than this is stuck.
+const STUCK_MICROS: i64 = 30_000_000;
+
+fn set(slot: &Mutex<Option<String>>, v: Option<String>) -> bool {
+    let mut g = slot.lock().unwrap_or_else(|p| p.into_inner());
+    let was = g.is_some();
+    *g = v;
+    was
+}
+
+impl RecorderStats {
+    pub(crate) fn set_wal_error(&self, e: String) {
+        set(&self.wal_error, Some(e));
+    }
+    /// Clear the WAL's failure; true when there was one.
+    pub(crate) fn clear_wal_error(&self) -> bool {
+        // Fast path: no lock when healthy.
+        self.wal_write_failures.load(Ordering::Relaxed) > 0 && set(&self.wal_error, None)
+    }
+    pub(crate) fn set_shard_error(&self, e: Option<String>) {
+        set(&self.shard_error, e);
+    }
+
+    /// Why recording is not healthy, or `None` when it is: a stage's thread
+    /// is dead, stuck on one piece of work for 30 s, or its last write failed.
+    pub fn unhealthy(&self) -> Option<String> {
+        let now = crate::now_micros();
+        let stage =
+            |name: &str, alive: &AtomicBool, busy: &AtomicI64, err: &Mutex<Option<String>>| {
+                if !alive.load(Ordering::Relaxed) {
+                    return Some(format!("the {name} stage has stopped"));
+                }
+                let since = busy.load(Ordering::Relaxed);
+                if since > 0 && now - since > STUCK_MICROS {
+                    return Some(format!(
+                        "the {name} stage has been stuck on one batch for {} s",
+                        (now - since) / 1_000_000
+                    ));
+                }
+                err.lock().unwrap_or_else(|p| p.into_inner()).clone()
+            };
+        stage(
+            "write-ahead log",
+            &self.wal_alive,
+            &self.wal_busy_since,
+            &self.wal_error,
+        )
+        .or_else(|| {
+            stage(
+                "shard",
+                &self.shard_alive,
+                &self.shard_busy_since,
+                &self.shard_error,
+            )
+        })
+    }
 }
 
 pub(crate) enum WalMsg {
@@ -289,6 +412,19 @@ impl Recorder {
         response: Bytes,
         upstream_response: Option<Bytes>,
     ) -> Result<(), RecordError> {
+        self.submit_end(outcome, response, upstream_response)
+            .await?
+            .await
+    }
+
+    /// Queue a call's end (waiting only for queue space); the returned
+    /// future resolves once it is in the WAL, or with the write's error.
+    pub async fn submit_end(
+        &self,
+        outcome: CallOutcome,
+        response: Bytes,
+        upstream_response: Option<Bytes>,
+    ) -> Result<impl std::future::Future<Output = Result<(), RecordError>>, RecordError> {
         let (ack, done) = oneshot::channel();
         self.tx
             .send(WalMsg::End {
@@ -299,7 +435,7 @@ impl Recorder {
             })
             .await
             .map_err(|_| RecordError::Closed)?;
-        done.await.map_err(|_| RecordError::Closed)?
+        Ok(async move { done.await.map_err(|_| RecordError::Closed)? })
     }
 
     /// Log a rollout's outcome and wait until it is in the WAL.

@@ -10,9 +10,7 @@
 use super::row::CallRow;
 use super::shard::{list_shards, write_now};
 use super::wal::{list_segments, read_segment, segment_path};
-use super::{
-    CallBegin, CallOutcome, CallStatus, CompletedCall, FailureClass, RecordError, RolloutFinish,
-};
+use super::{CallBegin, CallOutcome, CompletedCall, RecordError, RolloutFinish};
 use crate::config::ShardConfig;
 use arrow::array::{Array, AsArray};
 use arrow::datatypes::Int64Type;
@@ -124,7 +122,7 @@ pub fn recover(cfg: &ShardConfig) -> Result<Recovered, RecordError> {
         let path = segment_path(&wal_dir, seg);
         let contents = read_segment(&path).map_err(io)?;
         if !contents.clean {
-            tracing::warn!(segment = %path.display(), "WAL segment ends in a torn frame; replaying what precedes it");
+            tracing::warn!(segment = %path.display(), "WAL segment holds a torn or corrupt frame; replaying every intact frame around it");
         }
         for (meta, request, upstream_request) in contents.begins {
             last_time = last_time.max(meta.received_at);
@@ -146,36 +144,26 @@ pub fn recover(cfg: &ShardConfig) -> Result<Recovered, RecordError> {
         let m = &begin.meta;
         let next = out.next_sequence.entry(m.rollout_id.clone()).or_insert(0);
         *next = (*next).max(m.sequence + 1);
-        if known_calls.contains(&m.call_id) {
+        // A start written again after a failed write can be there twice.
+        if !known_calls.insert(m.call_id.clone()) {
             continue;
         }
         let (outcome, response, upstream_response) = ends.remove(&m.call_id).unwrap_or_else(|| {
             out.incomplete_calls += 1;
-            (
-                CallOutcome {
-                    call_id: m.call_id.clone(),
-                    status: CallStatus::Incomplete,
-                    http_status: None,
-                    failure_class: Some(FailureClass::Interrupted),
-                    failure_message: Some("the proxy stopped while this call was in flight".into()),
-                    first_byte_at: None,
-                    done_at: last_time.max(m.received_at),
-                },
-                Bytes::new(),
-                None,
-            )
+            (super::wal::interrupted(m, last_time), Bytes::new(), None)
         });
-        rows.push(CallRow::build(&CompletedCall {
+        let (row, _) = CallRow::build_guarded(&CompletedCall {
             begin: begin.clone(),
             outcome,
             response,
             upstream_response,
-        }));
+        });
+        rows.push(row);
     }
     out.replayed_calls = rows.len();
     let finishes: Vec<RolloutFinish> = finishes
         .into_iter()
-        .filter(|f| !known_finishes.contains(&f.record_id))
+        .filter(|f| known_finishes.insert(f.record_id.clone()))
         .collect();
     out.replayed_rollouts = finishes.len();
     let shard_err = |e: parquet::errors::ParquetError| RecordError::Shard(e.to_string());
@@ -194,4 +182,103 @@ pub fn recover(cfg: &ShardConfig) -> Result<Recovered, RecordError> {
         );
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::wal::{encode, Kind};
+    use crate::record::{CallMeta, CallStatus};
+
+    fn meta(i: usize) -> CallMeta {
+        CallMeta {
+            call_id: format!("call-{i}"),
+            rollout_id: "r".into(),
+            sequence: i as i64,
+            wire_api: ["chat_completions", "responses", "messages", "completions"][i % 4].into(),
+            route: None,
+            model: None,
+            upstream_model: None,
+            stream: i % 2 == 0,
+            received_at: 1,
+            user_agent: None,
+            upstream_api: None,
+        }
+    }
+
+    /// Begin and end frames of `n` calls, with answers that do not parse.
+    fn segment(n: usize) -> Vec<u8> {
+        let mut buf = Vec::new();
+        for i in 0..n {
+            let m = serde_json::to_vec(&meta(i)).unwrap();
+            encode(&mut buf, Kind::Begin, &m, b"{\"input\":[1", b"").unwrap();
+            let o = CallOutcome {
+                call_id: format!("call-{i}"),
+                status: CallStatus::Ok,
+                http_status: Some(200),
+                failure_class: None,
+                failure_message: None,
+                first_byte_at: None,
+                done_at: 2,
+            };
+            let body: &[u8] = if i % 2 == 0 {
+                b"event: response.created\ndata: {\"type\":\"response.created\",\"response\":\"x\"}\n\n"
+            } else {
+                b"\xff\xfe{\"choices\":"
+            };
+            encode(
+                &mut buf,
+                Kind::End,
+                &serde_json::to_vec(&o).unwrap(),
+                body,
+                b"",
+            )
+            .unwrap();
+        }
+        buf
+    }
+
+    fn replay(data: &[u8]) -> (Recovered, usize) {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = ShardConfig {
+            dir: dir.path().to_path_buf(),
+            ..ShardConfig::default()
+        };
+        std::fs::create_dir_all(dir.path().join("wal")).unwrap();
+        std::fs::write(segment_path(&dir.path().join("wal"), 3), data).unwrap();
+        let out = recover(&cfg).unwrap();
+        let mut rows = 0;
+        scan_shards(dir.path(), "calls", "call_id", |_, _| rows += 1).unwrap();
+        assert!(list_segments(&dir.path().join("wal")).unwrap().is_empty());
+        (out, rows)
+    }
+
+    #[test]
+    fn malformed_answers_replay_into_rows() {
+        let (out, rows) = replay(&segment(4));
+        assert_eq!((out.replayed_calls, rows, out.incomplete_calls), (4, 4, 0));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+        /// A corrupted segment (cut, bit-flipped, zero-filled tail) replays
+        /// without panicking, and every call whose start frame survived
+        /// becomes exactly one row.
+        #[test]
+        fn corrupted_segments_replay(cut in 0usize..2000, flip in 0usize..2000, zero in 0usize..400) {
+            let whole = segment(6);
+            let mut data = whole[..cut.min(whole.len())].to_vec();
+            if !data.is_empty() {
+                let i = flip % data.len();
+                data[i] ^= 0x10;
+            }
+            let from = data.len() - zero.min(data.len());
+            data[from..].fill(0);
+            let (frames, _) = crate::record::wal::decode_all(&data);
+            let begins = frames.iter().filter(|f| f.kind == Kind::Begin).count();
+            let (out, rows) = replay(&data);
+            proptest::prop_assert_eq!(rows, begins);
+            proptest::prop_assert_eq!(out.replayed_calls, begins);
+        }
+    }
 }

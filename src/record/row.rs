@@ -1,8 +1,8 @@
 //! The row model: one `CallRow` per call, one `RolloutRow` per finished
 //! rollout. `docs/shards.md` documents every column.
 
-use super::{CompletedCall, RolloutFinish};
-use crate::dialect::{Assembled, WireApi};
+use super::{CallStatus, CompletedCall, FailureClass, RolloutFinish};
+use crate::dialect::{Assembled, StreamFailureKind, WireApi};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -69,11 +69,7 @@ struct ChatParts<'a> {
 
 /// The `messages` and `tools` columns.
 fn normalized_columns(api: Option<WireApi>, request: &[u8]) -> (Option<String>, Option<String>) {
-    let raw = |v: Option<&RawValue>| {
-        v.map(RawValue::get)
-            .filter(|t| *t != "null")
-            .map(str::to_owned)
-    };
+    let raw = |v: Option<&RawValue>| v.map(RawValue::get).map(str::to_owned);
     if api == Some(WireApi::ChatCompletions) {
         return match serde_json::from_slice::<ChatParts>(request) {
             Ok(p) => (
@@ -93,7 +89,111 @@ fn normalized_columns(api: Option<WireApi>, request: &[u8]) -> (Option<String>, 
     }
 }
 
+/// A call the proxy passed as `ok` whose answer says otherwise: the class
+/// and message it is recorded with instead. Decided here, where the whole
+/// answer is parsed, so that the verdict holds whatever the upstream sent.
+fn upstream_verdict(c: &CompletedCall, a: &Assembled) -> Option<(FailureClass, String)> {
+    let o = &c.outcome;
+    if o.status != CallStatus::Ok || c.response.is_empty() {
+        return None;
+    }
+    if let Some(f) = &a.failure {
+        let (class, what) = match f.kind {
+            StreamFailureKind::Failed => (
+                FailureClass::UpstreamFailed,
+                "the upstream reported the response failed",
+            ),
+            StreamFailureKind::Incomplete => (
+                FailureClass::UpstreamIncomplete,
+                "the upstream reported the response incomplete",
+            ),
+            StreamFailureKind::Error => (
+                FailureClass::UpstreamStreamError,
+                "the upstream's answer carried an error",
+            ),
+        };
+        return Some((class, format!("{what}: {}", f.message)));
+    }
+    if a.response.is_none() || a.message.is_none() {
+        return Some((
+            FailureClass::UpstreamInvalid,
+            "the upstream's answer could not be read as its API's response; its bytes are kept in response_raw".into(),
+        ));
+    }
+    None
+}
+
 impl CallRow {
+    /// [`CallRow::build`], made safe to run on anything: if assembling the
+    /// row panics (a bug, since no parser may panic on input), the call is
+    /// still recorded, with its raw bytes and failure class `internal`.
+    /// Returns the row and whether it had to be salvaged.
+    pub fn build_guarded(c: &CompletedCall) -> (CallRow, bool) {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| CallRow::build(c))) {
+            Ok(row) => (row, false),
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                tracing::error!(call_id = %c.begin.meta.call_id, panic = %crate::redact::redact(&what), "row assembly panicked; the call is kept with its raw bytes");
+                (CallRow::raw(c, &what), true)
+            }
+        }
+    }
+
+    /// A row of what the call's frames hold, nothing parsed.
+    fn raw(c: &CompletedCall, why: &str) -> CallRow {
+        let m = &c.begin.meta;
+        let o = &c.outcome;
+        CallRow {
+            call_id: m.call_id.clone(),
+            rollout_id: m.rollout_id.clone(),
+            sequence: m.sequence,
+            wire_api: m.wire_api.clone(),
+            route: m.route.clone(),
+            model: m.model.clone(),
+            upstream_model: m.upstream_model.clone(),
+            stream: m.stream,
+            status: CallStatus::Failed.as_str().into(),
+            http_status: o.http_status.map(i32::from),
+            failure_class: Some(FailureClass::Internal.as_str().into()),
+            failure_message: Some(crate::redact::redacted(&format!(
+                "rollcall could not assemble this call's row ({why}); its bytes are kept raw"
+            ))),
+            request: String::from_utf8_lossy(&c.begin.request).into_owned(),
+            upstream_request: c
+                .begin
+                .upstream_request
+                .as_ref()
+                .map(|b| String::from_utf8_lossy(b).into_owned()),
+            response: None,
+            response_raw: (!c.response.is_empty()).then(|| c.response.to_vec()),
+            messages: None,
+            tools: None,
+            response_message: None,
+            tool_calls: None,
+            finish_reason: None,
+            received_at: m.received_at,
+            first_byte_at: o.first_byte_at,
+            done_at: Some(o.done_at),
+            prompt_tokens: None,
+            completion_tokens: None,
+            total_tokens: None,
+            cached_tokens: None,
+            reasoning_tokens: None,
+            token_capture: "none".into(),
+            prompt_token_ids: None,
+            completion_token_ids: None,
+            prompt_logprobs: None,
+            completion_logprobs: None,
+            user_agent: m.user_agent.as_deref().map(crate::redact::redacted),
+            upstream_api: m.upstream_api.clone(),
+            upstream_response_raw: c.upstream_response.as_ref().map(|b| b.to_vec()),
+        }
+    }
+
     /// Assemble a finished call into its row: parse the request, join the
     /// stream, normalize messages. Runs on the shard thread, off the
     /// response path, and again identically on WAL replay.
@@ -117,11 +217,21 @@ impl CallRow {
             }
             _ => assembled.tokens.clone(),
         };
-        // The upstream's own words about an error event inside a stream.
-        let failure_message = match (&o.failure_message, &assembled.error) {
-            (Some(m), Some(e)) => Some(format!("{m}: {e}")),
-            (m, e) => m.clone().or_else(|| e.clone()),
+        let verdict = upstream_verdict(c, &assembled);
+        let (status, failure_class) = match &verdict {
+            Some((class, _)) => (CallStatus::Failed, Some(*class)),
+            None => (o.status, o.failure_class),
         };
+        // The upstream's own words about an error event inside a stream.
+        let own = o
+            .failure_message
+            .clone()
+            .or_else(|| verdict.map(|(_, m)| m));
+        let failure_message = match (own, &assembled.error) {
+            (Some(m), Some(e)) => Some(format!("{m}: {e}")),
+            (m, e) => m.or_else(|| e.clone()),
+        }
+        .map(|m| crate::redact::redacted(&m));
         CallRow {
             call_id: m.call_id.clone(),
             rollout_id: m.rollout_id.clone(),
@@ -131,9 +241,9 @@ impl CallRow {
             model: m.model.clone(),
             upstream_model: m.upstream_model.clone(),
             stream: m.stream,
-            status: o.status.as_str().into(),
+            status: status.as_str().into(),
             http_status: o.http_status.map(i32::from),
-            failure_class: o.failure_class.map(|f| f.as_str().to_owned()),
+            failure_class: failure_class.map(|f| f.as_str().to_owned()),
             failure_message,
             request: String::from_utf8_lossy(&c.begin.request).into_owned(),
             upstream_request: c
@@ -167,7 +277,7 @@ impl CallRow {
             completion_token_ids: tokens.completion_ids,
             prompt_logprobs: tokens.prompt_logprobs,
             completion_logprobs: tokens.completion_logprobs,
-            user_agent: m.user_agent.clone(),
+            user_agent: m.user_agent.as_deref().map(crate::redact::redacted),
             upstream_api: m.upstream_api.clone(),
             upstream_response_raw: c.upstream_response.as_ref().map(|b| b.to_vec()),
         }

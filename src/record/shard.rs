@@ -440,6 +440,7 @@ fn publish_one<R: ShardRow>(
 ) {
     match w.publish() {
         Ok(Some((path, rows, segments))) => {
+            stats.set_shard_error(None);
             tracing::debug!(path = %path.display(), rows, "published shard");
             stats
                 .rows_published
@@ -455,6 +456,7 @@ fn publish_one<R: ShardRow>(
             // The rows stay in the WAL (their segments are not released) and
             // are replayed into a shard at the next start.
             tracing::error!(error = %e, kind = R::KIND, "could not publish shard; rows kept in the WAL");
+            stats.set_shard_error(Some(format!("could not publish a {} shard: {e}", R::KIND)));
             w.abandon();
         }
     }
@@ -472,6 +474,7 @@ fn push_one<R: ShardRow>(
         Ok(false) => {}
         Err(e) => {
             tracing::error!(error = %e, kind = R::KIND, "shard write failed; rows kept in the WAL");
+            stats.set_shard_error(Some(format!("could not write a {} shard: {e}", R::KIND)));
             w.abandon();
         }
     }
@@ -487,6 +490,7 @@ pub(crate) fn run(
     stats: Arc<RecorderStats>,
 ) {
     use std::sync::mpsc::RecvTimeoutError;
+    let _alive = super::wal::AliveGuard(&stats.shard_alive);
     loop {
         let deadline = [set.calls.deadline(), set.rollouts.deadline()]
             .into_iter()
@@ -496,14 +500,18 @@ pub(crate) fn run(
             d.saturating_duration_since(Instant::now())
         });
         let before = stats.shards_published.load(Ordering::Relaxed);
-        match rx.recv_timeout(wait) {
-            Ok(ShardItem::Call { segment, call }) => push_one(
-                &mut set.calls,
-                CallRow::build(&call),
-                segment,
-                &published,
-                &stats,
-            ),
+        let item = rx.recv_timeout(wait);
+        stats
+            .shard_busy_since
+            .store(crate::now_micros(), Ordering::Relaxed);
+        match item {
+            Ok(ShardItem::Call { segment, call }) => {
+                let (row, salvaged) = CallRow::build_guarded(&call);
+                if salvaged {
+                    stats.rows_salvaged.fetch_add(1, Ordering::Relaxed);
+                }
+                push_one(&mut set.calls, row, segment, &published, &stats)
+            }
             Ok(ShardItem::Rollout { segment, finish }) => {
                 push_one(&mut set.rollouts, finish, segment, &published, &stats)
             }
@@ -521,6 +529,7 @@ pub(crate) fn run(
         if set.rollouts.deadline().is_some_and(|d| d <= now) {
             publish_one(&mut set.rollouts, &published, &stats);
         }
+        stats.shard_busy_since.store(0, Ordering::Relaxed);
         if stats.shards_published.load(Ordering::Relaxed) != before {
             let _ = wake.try_send(WalMsg::Wake);
         }
