@@ -446,7 +446,7 @@ fn init_logs(format: &str) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(|| crate::redact::Stderr);
     if format == "json" {
         builder.json().init();
     } else {

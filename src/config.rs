@@ -49,8 +49,20 @@ pub struct ServerConfig {
     pub max_header_bytes: usize,
     /// Longest a streamed response may last before it is cut, in seconds.
     pub max_stream_secs: u64,
-    /// Most calls handled at once; further calls wait.
+    /// Largest upstream answer (a whole body, or all of a stream) passed on;
+    /// beyond it the call is failed (`response_too_large`) and recorded
+    /// with what arrived so far.
+    pub max_response_bytes: usize,
+    /// Most calls handled at once, each counted until the last byte of its
+    /// answer (streams included); further calls wait for a slot.
     pub max_concurrent_calls: usize,
+    /// Longest a call waits for a slot before it is answered 503 with
+    /// `Retry-After` (`overloaded`).
+    pub queue_timeout_secs: f64,
+    /// Longest silence allowed from the harness, both ways: between two
+    /// pieces of its request body, and while the proxy waits for it to take
+    /// the next piece of a streamed answer (a reader that stopped reading).
+    pub client_idle_timeout_secs: f64,
     /// Name of an environment variable holding comma-separated client keys.
     /// When set, every call must present one of them (as `Authorization:
     /// Bearer` or `x-api-key`).
@@ -66,7 +78,10 @@ impl Default for ServerConfig {
             max_body_bytes: 32 << 20,
             max_header_bytes: 64 << 10,
             max_stream_secs: 3600,
+            max_response_bytes: 256 << 20,
             max_concurrent_calls: 4096,
+            queue_timeout_secs: 30.0,
+            client_idle_timeout_secs: 300.0,
             client_keys_env: None,
             shutdown_grace_secs: 30,
         }
@@ -121,6 +136,22 @@ pub struct ShardConfig {
     pub queue_capacity: usize,
     /// Parquet compression: "zstd", "snappy" or "none".
     pub compression: String,
+    /// What a call gets when its end cannot be written to the write-ahead
+    /// log (a full or failing disk).
+    pub on_wal_error: OnWalError,
+}
+
+/// What to do with a call whose end the write-ahead log could not take.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnWalError {
+    /// Fail closed: the harness gets its API's error (503) instead of the
+    /// answer, so that no call it saw succeed is missing from the record.
+    #[default]
+    Fail,
+    /// Serve the answer anyway; the call is recorded once the disk takes
+    /// writes again, or as `incomplete` after a restart.
+    Serve,
 }
 
 impl Default for ShardConfig {
@@ -134,6 +165,7 @@ impl Default for ShardConfig {
             wal_segment_bytes: 64 << 20,
             queue_capacity: 1024,
             compression: "zstd".into(),
+            on_wal_error: OnWalError::Fail,
         }
     }
 }
@@ -350,6 +382,27 @@ impl Config {
         if self.server.max_header_bytes < 8192 {
             return invalid("server.max_header_bytes must be at least 8192".into());
         }
+        // A write-ahead log frame says each part's length in a u32.
+        const FRAME_LIMIT: usize = 1 << 31;
+        for (name, v) in [
+            ("server.max_body_bytes", self.server.max_body_bytes),
+            ("server.max_response_bytes", self.server.max_response_bytes),
+        ] {
+            if v == 0 || v > FRAME_LIMIT {
+                return invalid(format!(
+                    "{name} must be between 1 and {FRAME_LIMIT} (2 GiB)"
+                ));
+            }
+        }
+        if self.server.max_concurrent_calls == 0 {
+            return invalid("server.max_concurrent_calls must be positive".into());
+        }
+        if !(self.server.queue_timeout_secs > 0.0 && self.server.client_idle_timeout_secs > 0.0) {
+            return invalid(
+                "server.queue_timeout_secs and server.client_idle_timeout_secs must be positive"
+                    .into(),
+            );
+        }
         if self.shards.max_rows == 0 || self.shards.queue_capacity == 0 {
             return invalid("shards.max_rows and shards.queue_capacity must be positive".into());
         }
@@ -388,6 +441,14 @@ mod tests {
         let c = Config::parse("[[routes]]\nname = \"a\"\nurl = \"ftp://x\"\n").unwrap();
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("must start with http"), "{err}");
+        let mut c = Config::default();
+        c.set_upstream("http://127.0.0.1:9/v1");
+        c.server.max_response_bytes = 5 << 30;
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("max_response_bytes"), "{err}");
+        let c = Config::parse("[shards]\non_wal_error = \"serve\"\n").unwrap();
+        assert_eq!(c.shards.on_wal_error, OnWalError::Serve);
+        assert!(Config::parse("[shards]\non_wal_error = \"ignore\"\n").is_err());
     }
 
     #[test]

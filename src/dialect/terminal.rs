@@ -13,6 +13,10 @@ pub struct Detector {
     terminal_event: bool,
     /// An error event went by (`event: error`, or data that is an error object).
     pub saw_error: bool,
+    /// The terminal event said the response failed (`response.failed`).
+    pub failed: bool,
+    /// The terminal event said the response is incomplete (`response.incomplete`).
+    pub incomplete: bool,
 }
 
 const HEAD: usize = 48;
@@ -51,6 +55,9 @@ impl Detector {
                     done |= std::mem::take(&mut self.terminal_event);
                 } else if MARKERS.iter().any(|m| self.head.starts_with(m)) {
                     self.terminal_event = true;
+                    let has = |w: &[u8]| memchr::memmem::find(&self.head, w).is_some();
+                    self.failed |= has(b"response.failed");
+                    self.incomplete |= has(b"response.incomplete");
                 } else if ERRORS.iter().any(|m| self.head.starts_with(m)) {
                     self.saw_error = true;
                 }
@@ -81,5 +88,12 @@ mod tests {
         assert!(!d.saw_error);
         assert!(!d.feed(b"data: {\"error\":{\"message\":\"x\"}}\n\n"));
         assert!(d.saw_error);
+        assert!(!d.failed && !d.incomplete);
+        let mut d = Detector::default();
+        assert!(d.feed(b"event: response.failed\ndata: {\"type\":\"response.failed\"}\n\n"));
+        assert!(d.failed && !d.incomplete);
+        let mut d = Detector::default();
+        assert!(d.feed(b"data: {\"type\":\"response.incomplete\",\"response\":{}}\n\n"));
+        assert!(d.incomplete);
     }
 }

@@ -3,7 +3,10 @@
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::sync::mpsc;
 
@@ -12,6 +15,33 @@ pub type Chunk = Result<Bytes, std::io::Error>;
 pub enum ProxyBody {
     Full(Option<Bytes>),
     Stream(mpsc::Receiver<Chunk>),
+    /// A stream whose task may cut it off: once the channel is drained and
+    /// closed, a set `Abort` ends the body in an error, so that the client
+    /// cannot mistake a cut stream for a complete one. The task never has
+    /// to wait for channel space to say so. The error comes a moment
+    /// ([`ABORT_GRACE`]) after the last chunk, so that the connection has
+    /// flushed it: the last chunk is usually the error event that says why.
+    Abortable(
+        mpsc::Receiver<Chunk>,
+        Abort,
+        Option<Pin<Box<tokio::time::Sleep>>>,
+    ),
+}
+
+/// How long a cut stream's last chunk has to reach the socket.
+pub const ABORT_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// The flag that cuts off an [`ProxyBody::Abortable`] stream.
+#[derive(Clone, Default)]
+pub struct Abort(Arc<AtomicBool>);
+
+impl Abort {
+    pub fn set(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+    fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
 }
 
 impl ProxyBody {
@@ -35,6 +65,17 @@ impl Body for ProxyBody {
                     .map(|b| Ok(Frame::data(b))),
             ),
             Self::Stream(rx) => rx.poll_recv(cx).map(|c| c.map(|r| r.map(Frame::data))),
+            Self::Abortable(rx, abort, grace) => match rx.poll_recv(cx) {
+                Poll::Ready(None) if abort.is_set() => {
+                    let sleep =
+                        grace.get_or_insert_with(|| Box::pin(tokio::time::sleep(ABORT_GRACE)));
+                    sleep
+                        .as_mut()
+                        .poll(cx)
+                        .map(|()| Some(Err(std::io::Error::other("the stream was cut off"))))
+                }
+                other => other.map(|c| c.map(|r| r.map(Frame::data))),
+            },
         }
     }
 
@@ -45,7 +86,7 @@ impl Body for ProxyBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             Self::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
-            Self::Stream(_) => SizeHint::default(),
+            Self::Stream(_) | Self::Abortable(..) => SizeHint::default(),
         }
     }
 }

@@ -5,18 +5,19 @@
 //! the chunk that completes the terminal event when streaming) are released
 //! only after the call's end is in the write-ahead log.
 
-use super::body::{Chunk, ProxyBody};
-use super::metrics::{ApiLabel, CallLabels, ClassLabel};
+use super::body::{Abort, Chunk, ProxyBody};
+use super::metrics::{ApiLabel, CallLabels, ClassLabel, ReasonLabel};
 use super::routes::error_response;
 use super::State;
-use crate::config::Untagged;
+use crate::config::{OnWalError, Untagged};
 use crate::dialect::sse;
 use crate::dialect::terminal::Detector;
 use crate::dialect::translate::{self, StreamTranslator};
 use crate::dialect::{ApiError, WireApi};
 use crate::record::{CallBegin, CallMeta, CallOutcome, CallStatus, FailureClass};
+use crate::redact::redacted;
 use crate::upstream::capture::{self, Asked, CaptureKind, ChunkFate};
-use crate::upstream::{error_chain, Route, UpstreamError};
+use crate::upstream::{error_chain, BodyError, Route, UpstreamError};
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderMap, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -131,6 +132,11 @@ pub fn rewrite_model(body: &[u8], model: &str) -> Option<Bytes> {
 }
 
 /// One call in flight: what is recorded about it, and how it ends.
+///
+/// A call ends exactly once. Every path through the proxy ends it
+/// explicitly; when its future or task is dropped instead (the harness hung
+/// up, or a bug unwound it), `Drop` records it as `client_disconnected` (or
+/// `internal`) at once, so that no call stays open in the write-ahead log.
 struct Call {
     state: Arc<State>,
     api: WireApi,
@@ -138,48 +144,89 @@ struct Call {
     started: Instant,
     first_byte_at: Option<i64>,
     began: bool,
+    /// Its end is queued for the WAL.
+    ended: bool,
     /// The upstream's body, recorded beside the harness's when they differ.
     upstream_response: Option<Bytes>,
 }
 
 impl Call {
-    async fn log_begin(&mut self) {
-        if !self.began {
-            self.began = true;
-            if let Err(e) = self.state.recorder.begin(self.begin.clone()).await {
-                tracing::error!(error = %e, "could not log call start");
-            }
+    fn new(state: &Arc<State>, api: WireApi, begin: CallBegin, started: Instant) -> Self {
+        Self {
+            state: state.clone(),
+            api,
+            begin: Arc::new(begin),
+            started,
+            first_byte_at: None,
+            began: false,
+            ended: false,
+            upstream_response: None,
         }
     }
 
-    /// Record the call's end; returns once it is in the WAL.
+    async fn log_begin(&mut self) {
+        if !self.began {
+            if let Err(e) = self.state.recorder.begin(self.begin.clone()).await {
+                tracing::error!(error = %e, "could not log call start");
+            }
+            self.began = true;
+        }
+    }
+
+    fn count(&self, status: CallStatus, class: Option<FailureClass>) {
+        let m = &self.state.metrics;
+        let wire_api = self.api.as_str();
+        m.calls
+            .get_or_create(&CallLabels {
+                wire_api,
+                status: status.as_str(),
+            })
+            .inc();
+        m.duration
+            .get_or_create(&ApiLabel { wire_api })
+            .observe(self.started.elapsed().as_secs_f64());
+        if let Some(class) = class {
+            m.errors
+                .get_or_create(&ClassLabel {
+                    class: class.as_str(),
+                })
+                .inc();
+        }
+    }
+
+    fn outcome(
+        &self,
+        status: CallStatus,
+        http_status: Option<u16>,
+        failure: Option<(FailureClass, String)>,
+    ) -> CallOutcome {
+        let (failure_class, failure_message) =
+            failure.map_or((None, None), |(c, m)| (Some(c), Some(redacted(&m))));
+        CallOutcome {
+            call_id: self.begin.meta.call_id.clone(),
+            status,
+            http_status,
+            failure_class,
+            failure_message,
+            first_byte_at: self.first_byte_at,
+            done_at: crate::now_micros(),
+        }
+    }
+
+    /// Record the call's end; returns once it is in the WAL. When the WAL
+    /// cannot take it and `shards.on_wal_error = "fail"`, returns the error
+    /// the harness gets instead of its answer; the call is then recorded as
+    /// that failure once the WAL takes writes again.
     async fn end(
         &mut self,
         status: CallStatus,
         http_status: u16,
         failure: Option<(FailureClass, String)>,
         response: Bytes,
-    ) {
+    ) -> Result<(), ApiError> {
         self.log_begin().await;
-        let m = &self.state.metrics;
-        let label = ApiLabel {
-            wire_api: self.api.as_str(),
-        };
-        m.calls
-            .get_or_create(&CallLabels {
-                wire_api: self.api.as_str(),
-                status: status.as_str(),
-            })
-            .inc();
-        m.duration
-            .get_or_create(&label)
-            .observe(self.started.elapsed().as_secs_f64());
+        self.count(status, failure.as_ref().map(|f| f.0));
         if let Some((class, msg)) = &failure {
-            m.errors
-                .get_or_create(&ClassLabel {
-                    class: class.as_str(),
-                })
-                .inc();
             tracing::info!(
                 call_id = %self.begin.meta.call_id,
                 rollout = %self.begin.meta.rollout_id,
@@ -187,33 +234,48 @@ impl Call {
                 "call failed: {msg}"
             );
         }
-        let (failure_class, failure_message) =
-            failure.map_or((None, None), |(c, m)| (Some(c), Some(m)));
-        let outcome = CallOutcome {
-            call_id: self.begin.meta.call_id.clone(),
-            status,
-            http_status: Some(http_status),
-            failure_class,
-            failure_message,
-            first_byte_at: self.first_byte_at,
-            done_at: crate::now_micros(),
-        };
+        let outcome = self.outcome(status, Some(http_status), failure);
         let upstream = self.upstream_response.take();
-        if let Err(e) = self.state.recorder.end(outcome, response, upstream).await {
-            tracing::error!(error = %e, call_id = %self.begin.meta.call_id, "could not record call");
+        let recorder = &self.state.recorder;
+        let result = match recorder.submit_end(outcome, response, upstream).await {
+            Ok(ack) => {
+                self.ended = true;
+                ack.await
+            }
+            Err(e) => {
+                self.ended = true;
+                Err(e)
+            }
+        };
+        let Err(e) = result else {
+            return Ok(());
+        };
+        self.state.metrics.unrecorded.inc();
+        tracing::error!(error = %e, call_id = %self.begin.meta.call_id, "could not record the call's end");
+        // The WAL writes the end again once the disk takes writes, as what
+        // the harness got: the answer, or under "fail" this 503.
+        match self.state.config.shards.on_wal_error {
+            OnWalError::Serve => Ok(()),
+            OnWalError::Fail => Err(crate::record::unrecorded_error(&e)),
         }
     }
 
     /// Answer with an error in the harness's API format, and record it.
-    async fn fail(mut self, class: FailureClass, err: ApiError) -> Response<ProxyBody> {
+    async fn fail(mut self, class: FailureClass, mut err: ApiError) -> Response<ProxyBody> {
+        err.message = redacted(&err.message);
         let body = Bytes::from(self.api.error_body(&err));
-        self.end(
-            CallStatus::Failed,
-            err.status,
-            Some((class, err.message.clone())),
-            body.clone(),
-        )
-        .await;
+        let msg = err.message.clone();
+        if let Err(e) = self
+            .end(
+                CallStatus::Failed,
+                err.status,
+                Some((class, msg)),
+                body.clone(),
+            )
+            .await
+        {
+            return error_response(self.api, &e);
+        }
         super::routes::bytes_response(err.status, "application/json", body)
     }
 
@@ -221,7 +283,7 @@ impl Call {
     async fn client_gone(&mut self, response: Bytes) {
         let msg = "the client disconnected before the stream ended".to_owned();
         let failure = Some((FailureClass::ClientDisconnected, msg));
-        self.end(CallStatus::Failed, 200, failure, response).await;
+        let _ = self.end(CallStatus::Failed, 200, failure, response).await;
     }
 
     fn mark_first_byte(&mut self) {
@@ -235,6 +297,39 @@ impl Call {
                 })
                 .observe(self.started.elapsed().as_secs_f64());
         }
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (class, msg) = if std::thread::panicking() {
+            (
+                FailureClass::Internal,
+                "the proxy failed while handling this call",
+            )
+        } else {
+            (
+                FailureClass::ClientDisconnected,
+                "the client disconnected before the answer was ready",
+            )
+        };
+        self.count(CallStatus::Failed, Some(class));
+        let outcome = self.outcome(CallStatus::Failed, None, Some((class, msg.into())));
+        let recorder = self.state.recorder.clone();
+        let begin = (!self.began).then(|| self.begin.clone());
+        let upstream = self.upstream_response.take();
+        rt.spawn(async move {
+            if let Some(b) = begin {
+                let _ = recorder.begin(b).await;
+            }
+            let _ = recorder.end(outcome, Bytes::new(), upstream).await;
+        });
     }
 }
 
@@ -287,7 +382,7 @@ pub async fn proxy(
     let in_flight = InFlight::new(&state);
     let rollout = match rollout_of(&state, path_rollout, req.headers()) {
         Ok(r) => r,
-        Err(e) => return error_response(api, &e),
+        Err(e) => return reject(&state, api, None, &e).await,
     };
     let (parts, body) = req.into_parts();
     let endpoint = match parts.uri.query() {
@@ -312,47 +407,20 @@ pub async fn proxy(
         user_agent,
         upstream_api: None,
     };
-    let max = state.config.server.max_body_bytes;
-    let read = Limited::new(body, max)
-        .collect()
-        .await
-        .map(|b| b.to_bytes());
-    let bad = |meta: CallMeta, request: Bytes| Call {
-        state: state.clone(),
-        api,
-        begin: Arc::new(CallBegin {
+    let server = &state.config.server;
+    let max = server.max_body_bytes;
+    let client_idle = Duration::from_secs_f64(server.client_idle_timeout_secs);
+    let bad = |meta: CallMeta, request: Bytes| {
+        let begin = CallBegin {
             meta,
             request,
             upstream_request: None,
-        }),
-        started,
-        first_byte_at: None,
-        began: false,
-        upstream_response: None,
+        };
+        Call::new(&state, api, begin, started)
     };
-    let request = match read {
+    let request = match read_request(body, max, client_idle).await {
         Ok(b) => b,
-        Err(e)
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            let err = ApiError::new(
-                413,
-                "invalid_request_error",
-                "body_too_large",
-                format!("request body exceeds the limit of {max} bytes (server.max_body_bytes)"),
-            );
-            return bad(meta, Bytes::new())
-                .fail(FailureClass::BodyTooLarge, err)
-                .await;
-        }
-        Err(e) => {
-            let msg = format!("could not read the request body: {e}");
-            let err = ApiError::new(400, "invalid_request_error", "bad_body", msg);
-            return bad(meta, Bytes::new())
-                .fail(FailureClass::BadRequest, err)
-                .await;
-        }
+        Err((class, err)) => return bad(meta, Bytes::new()).fail(class, err).await,
     };
     let head: Head = match serde_json::from_slice(&request) {
         Ok(h) => h,
@@ -469,19 +537,12 @@ pub async fn proxy(
         None => upstream_request,
     };
     meta.upstream_model = upstream_model;
-    let mut call = Call {
-        state: state.clone(),
-        api,
-        begin: Arc::new(CallBegin {
-            meta,
-            request: request.clone(),
-            upstream_request: upstream_request.clone(),
-        }),
-        started,
-        first_byte_at: None,
-        began: false,
-        upstream_response: None,
+    let begin = CallBegin {
+        meta,
+        request: request.clone(),
+        upstream_request: upstream_request.clone(),
     };
+    let mut call = Call::new(&state, api, begin, started);
     call.log_begin().await;
     let mut headers = upstream_headers(&parts.headers, state.client_keys.is_some());
     if translated {
@@ -495,7 +556,7 @@ pub async fn proxy(
         }
     }
     let body = upstream_request.unwrap_or(request);
-    let resp = match route.send(Method::POST, &endpoint, headers, body).await {
+    let mut resp = match route.send(Method::POST, &endpoint, headers, body).await {
         Ok(r) => r,
         Err(e) => {
             let (class, err) = match &e {
@@ -525,9 +586,11 @@ pub async fn proxy(
     let mut out = Response::new(ProxyBody::Full(None));
     *out.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     response_headers(resp.headers(), out.headers_mut());
+    let max_response = state.config.server.max_response_bytes;
     if is_sse && status.is_success() {
         let (tx, rx) = mpsc::channel(64);
-        *out.body_mut() = ProxyBody::Stream(rx);
+        let abort = Abort::default();
+        *out.body_mut() = ProxyBody::Abortable(rx, abort.clone(), None);
         let stage = (translated || strip.is_some()).then(|| Stage {
             parser: sse::Parser::default(),
             translator: translated.then(|| StreamTranslator::new(api)),
@@ -536,19 +599,24 @@ pub async fn proxy(
             flushed: false,
         });
         let source = Source { resp, stage };
-        tokio::spawn(pump(call, route, source, tx, in_flight));
+        let out_chan = Outlet {
+            tx,
+            abort,
+            idle: client_idle,
+        };
+        tokio::spawn(pump(call, route, source, out_chan, in_flight));
         return out;
     }
     // A whole body: read it, record it, then release it.
-    let body = match read_whole(&route, resp, max.max(64 << 20)).await {
+    let body = match crate::upstream::read_body(&mut resp, max_response, route.idle_timeout).await {
         Ok(b) => b,
-        Err((class, msg)) => {
-            let code = if class == FailureClass::UpstreamTimeout {
-                504
-            } else {
-                502
+        Err(e) => {
+            let (code, class) = match e {
+                BodyError::Stalled(_) => (504, FailureClass::UpstreamTimeout),
+                BodyError::TooLarge(_) => (502, FailureClass::ResponseTooLarge),
+                BodyError::Dropped(_) => (502, FailureClass::UpstreamDropped),
             };
-            let err = ApiError::new(code, "server_error", class.as_str(), msg);
+            let err = ApiError::new(code, "server_error", class.as_str(), e.to_string());
             return call.fail(class, err).await;
         }
     };
@@ -581,8 +649,12 @@ pub async fn proxy(
         } else {
             body
         };
-        call.end(CallStatus::Ok, status.as_u16(), None, body.clone())
-            .await;
+        if let Err(err) = call
+            .end(CallStatus::Ok, status.as_u16(), None, body.clone())
+            .await
+        {
+            return error_response(api, &err);
+        }
         *out.body_mut() = ProxyBody::full(body);
         return out;
     }
@@ -616,16 +688,120 @@ pub async fn proxy(
         );
         Bytes::from(api.error_body(&err))
     };
-    call.end(
-        CallStatus::Failed,
-        status.as_u16(),
-        Some((class, msg)),
-        body.clone(),
-    )
-    .await;
+    if let Err(err) = call
+        .end(
+            CallStatus::Failed,
+            status.as_u16(),
+            Some((class, msg)),
+            body.clone(),
+        )
+        .await
+    {
+        return error_response(api, &err);
+    }
     *out.body_mut() = ProxyBody::full(body);
     drop(in_flight);
     out
+}
+
+/// Read the harness's request body: at most `max` bytes, with no silence
+/// longer than `idle` between two pieces.
+async fn read_request(
+    body: Incoming,
+    max: usize,
+    idle: Duration,
+) -> Result<Bytes, (FailureClass, ApiError)> {
+    let mut body = Limited::new(body, max);
+    let mut buf = BytesMut::new();
+    loop {
+        let frame = match tokio::time::timeout(idle, body.frame()).await {
+            Err(_) => {
+                let msg = format!(
+                    "the request body stalled for {idle:?} (server.client_idle_timeout_secs)"
+                );
+                let err = ApiError::new(408, "invalid_request_error", "request_timeout", msg);
+                return Err((FailureClass::ClientTimeout, err));
+            }
+            Ok(None) => return Ok(buf.freeze()),
+            Ok(Some(f)) => f,
+        };
+        match frame {
+            Ok(f) => {
+                if let Ok(d) = f.into_data() {
+                    buf.extend_from_slice(&d);
+                }
+            }
+            Err(e)
+                if e.downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some() =>
+            {
+                let err = ApiError::new(
+                    413,
+                    "invalid_request_error",
+                    "body_too_large",
+                    format!(
+                        "request body exceeds the limit of {max} bytes (server.max_body_bytes)"
+                    ),
+                );
+                return Err((FailureClass::BodyTooLarge, err));
+            }
+            Err(e) => {
+                let msg = format!("could not read the request body: {e}");
+                let err = ApiError::new(400, "invalid_request_error", "bad_body", msg);
+                return Err((FailureClass::BadRequest, err));
+            }
+        }
+    }
+}
+
+/// Answer a call that is refused before it is proxied (a bad client key,
+/// rollout id or path; no free slot), counted in `rollcall_rejected_calls_total`
+/// by reason, and recorded as a failed call when its rollout is known.
+pub async fn reject(
+    state: &Arc<State>,
+    api: WireApi,
+    rollout: Option<&str>,
+    err: &ApiError,
+) -> Response<ProxyBody> {
+    state
+        .metrics
+        .rejected
+        .get_or_create(&ReasonLabel { reason: err.code })
+        .inc();
+    let Some(rollout) = rollout else {
+        return error_response(api, err);
+    };
+    let class = match err.status {
+        401 | 403 => FailureClass::Unauthorized,
+        503 => FailureClass::Overloaded,
+        _ => FailureClass::BadRequest,
+    };
+    let meta = CallMeta {
+        call_id: uuid::Uuid::now_v7().to_string(),
+        sequence: state.sequencer.take(rollout),
+        rollout_id: rollout.to_owned(),
+        wire_api: api.as_str().into(),
+        route: None,
+        model: None,
+        upstream_model: None,
+        stream: false,
+        received_at: crate::now_micros(),
+        user_agent: None,
+        upstream_api: None,
+    };
+    let begin = CallBegin {
+        meta,
+        request: Bytes::new(),
+        upstream_request: None,
+    };
+    let mut resp = Call::new(state, api, begin, Instant::now())
+        .fail(class, err.clone())
+        .await;
+    if err.status == 503 {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+    }
+    resp
 }
 
 fn upstream_error_message(body: &[u8]) -> String {
@@ -643,43 +819,6 @@ fn upstream_error_message(body: &[u8]) -> String {
     })
 }
 
-async fn read_whole(
-    route: &Route,
-    mut resp: reqwest::Response,
-    limit: usize,
-) -> Result<Bytes, (FailureClass, String)> {
-    let mut buf = BytesMut::new();
-    loop {
-        match tokio::time::timeout(route.idle_timeout, resp.chunk()).await {
-            Err(_) => {
-                return Err((
-                    FailureClass::UpstreamTimeout,
-                    format!("the upstream's body stalled for {:?}", route.idle_timeout),
-                ))
-            }
-            Ok(Ok(Some(c))) => {
-                if buf.len() + c.len() > limit {
-                    return Err((
-                        FailureClass::UpstreamDropped,
-                        format!("upstream body exceeds {limit} bytes"),
-                    ));
-                }
-                buf.extend_from_slice(&c);
-            }
-            Ok(Ok(None)) => return Ok(buf.freeze()),
-            Ok(Err(e)) => {
-                return Err((
-                    FailureClass::UpstreamDropped,
-                    format!(
-                        "the upstream closed the response midway: {}",
-                        error_chain(&e)
-                    ),
-                ))
-            }
-        }
-    }
-}
-
 enum Next {
     Chunk(Bytes),
     End,
@@ -691,7 +830,19 @@ enum Next {
 /// makes it an upstream stream error; an end without a terminal event
 /// (`[DONE]`, `response.completed`, …) means the upstream cut it short.
 fn stream_verdict(d: &Detector, terminal: bool) -> (CallStatus, Option<(FailureClass, String)>) {
-    if d.saw_error {
+    if d.failed {
+        let msg = "the upstream reported the response failed (response.failed)".to_owned();
+        (
+            CallStatus::Failed,
+            Some((FailureClass::UpstreamFailed, msg)),
+        )
+    } else if d.incomplete {
+        let msg = "the upstream reported the response incomplete (response.incomplete)".to_owned();
+        (
+            CallStatus::Failed,
+            Some((FailureClass::UpstreamIncomplete, msg)),
+        )
+    } else if d.saw_error {
         let msg = "the upstream's stream carried an error event".to_owned();
         (
             CallStatus::Failed,
@@ -781,6 +932,48 @@ impl Source {
     fn upstream(&mut self) -> Option<Bytes> {
         self.stage.as_mut().map(|t| t.upstream.split().freeze())
     }
+
+    /// How many of the upstream's bytes are held for the record.
+    fn upstream_len(&self) -> usize {
+        self.stage.as_ref().map_or(0, |t| t.upstream.len())
+    }
+}
+
+/// Where a stream's chunks go: the harness's body, which the pump can cut
+/// off, and how long the harness may take to accept the next chunk.
+struct Outlet {
+    tx: mpsc::Sender<Chunk>,
+    abort: Abort,
+    idle: Duration,
+}
+
+/// What sending a chunk to the harness came to.
+enum Sent {
+    Ok,
+    /// The harness went away.
+    Gone,
+    /// The harness stopped reading for longer than the idle timeout.
+    Stalled,
+}
+
+impl Outlet {
+    async fn send(&self, chunk: Bytes) -> Sent {
+        match tokio::time::timeout(self.idle, self.tx.send(Ok(chunk))).await {
+            Ok(Ok(())) => Sent::Ok,
+            Ok(Err(_)) => Sent::Gone,
+            Err(_) => Sent::Stalled,
+        }
+    }
+
+    /// Send `event` (an error in the harness's stream format) if the harness
+    /// takes it in time, then cut the stream off, so that it cannot be
+    /// mistaken for a complete one.
+    async fn cut(self, event: Option<Bytes>) {
+        self.abort.set();
+        if let Some(e) = event {
+            let _ = self.send(e).await;
+        }
+    }
 }
 
 /// Forward a stream chunk by chunk, collecting a copy for the record.
@@ -788,11 +981,13 @@ async fn pump(
     mut call: Call,
     route: Arc<Route>,
     mut resp: Source,
-    tx: mpsc::Sender<Chunk>,
+    out: Outlet,
     in_flight: InFlight,
 ) {
     let _in_flight = in_flight;
-    let max_stream = Duration::from_secs(call.state.config.server.max_stream_secs);
+    let server = &call.state.config.server;
+    let max_stream = Duration::from_secs(server.max_stream_secs);
+    let max_bytes = server.max_response_bytes;
     let deadline = tokio::time::Instant::from_std(call.started) + max_stream;
     let mut detector = Detector::default();
     let mut collected = BytesMut::new();
@@ -807,40 +1002,77 @@ async fn pump(
                 Err(_) => Next::Broken(FailureClass::UpstreamTimeout, format!("the upstream's stream stalled for {:?}", route.idle_timeout)),
             },
             _ = tokio::time::sleep_until(deadline) => Next::Broken(FailureClass::StreamTimeout, format!("the stream exceeded server.max_stream_secs ({max_stream:?})")),
-            _ = tx.closed() => Next::ClientGone,
+            _ = out.tx.closed() => Next::ClientGone,
+        };
+        let next = match next {
+            Next::Chunk(c)
+                if collected.len() + c.len() > max_bytes || resp.upstream_len() > max_bytes =>
+            {
+                let msg = format!(
+                    "the upstream's stream exceeds {max_bytes} bytes (server.max_response_bytes)"
+                );
+                Next::Broken(FailureClass::ResponseTooLarge, msg)
+            }
+            next => next,
         };
         match next {
             Next::Chunk(chunk) => {
                 if recorded {
-                    if tx.send(Ok(chunk)).await.is_err() {
-                        return;
+                    // After the terminal event: the call is on disk.
+                    match out.send(chunk).await {
+                        Sent::Ok => continue,
+                        Sent::Gone => return,
+                        Sent::Stalled => return out.cut(None).await,
                     }
-                    continue;
                 }
                 collected.extend_from_slice(&chunk);
                 if detector.feed(&chunk) {
                     recorded = true;
-                    if tx.is_closed() {
-                        call.upstream_response = resp.upstream();
+                    call.upstream_response = resp.upstream();
+                    if out.tx.is_closed() {
                         call.client_gone(collected.split().freeze()).await;
                         return;
                     }
                     let (status, failure) = stream_verdict(&detector, true);
-                    call.upstream_response = resp.upstream();
-                    call.end(status, 200, failure, collected.split().freeze())
-                        .await;
+                    if let Err(err) = call
+                        .end(status, 200, failure, collected.split().freeze())
+                        .await
+                    {
+                        // Not on disk: the terminal chunk is withheld.
+                        let event = Bytes::from(api.error_event(&err));
+                        return out.cut(Some(event)).await;
+                    }
                 }
-                if tx.send(Ok(chunk)).await.is_err() && !recorded {
-                    call.upstream_response = resp.upstream();
-                    call.client_gone(collected.freeze()).await;
-                    return;
+                match out.send(chunk).await {
+                    Sent::Ok => {}
+                    Sent::Gone => {
+                        if !recorded {
+                            call.upstream_response = resp.upstream();
+                            call.client_gone(collected.freeze()).await;
+                        }
+                        return;
+                    }
+                    Sent::Stalled => {
+                        if !recorded {
+                            let msg = format!(
+                                "the client stopped reading the stream for {:?} (server.client_idle_timeout_secs)",
+                                out.idle
+                            );
+                            call.upstream_response = resp.upstream();
+                            let failure = Some((FailureClass::ClientTimeout, msg));
+                            let _ = call
+                                .end(CallStatus::Failed, 200, failure, collected.freeze())
+                                .await;
+                        }
+                        return out.cut(None).await;
+                    }
                 }
             }
             Next::End => {
                 if !recorded {
                     let (status, failure) = stream_verdict(&detector, false);
                     call.upstream_response = resp.upstream();
-                    call.end(status, 200, failure, collected.freeze()).await;
+                    let _ = call.end(status, 200, failure, collected.freeze()).await;
                 }
                 return;
             }
@@ -853,11 +1085,11 @@ async fn pump(
             }
             Next::Broken(class, msg) => {
                 if recorded {
-                    let _ = tx.send(Err(std::io::Error::other(msg))).await;
-                    return;
+                    return out.cut(None).await;
                 }
                 let code = match class {
                     FailureClass::UpstreamTimeout | FailureClass::StreamTimeout => "stream_timeout",
+                    FailureClass::ResponseTooLarge => "response_too_large",
                     _ => "upstream_dropped",
                 };
                 let event = Bytes::from(api.error_event(&ApiError::new(
@@ -868,27 +1100,16 @@ async fn pump(
                 )));
                 collected.extend_from_slice(&event);
                 call.upstream_response = resp.upstream();
-                call.end(
-                    CallStatus::Failed,
-                    200,
-                    Some((class, msg.clone())),
-                    collected.freeze(),
-                )
-                .await;
-                // Tell the harness in its own format, let the event reach the
-                // socket, then abort the body so that it cannot be mistaken
-                // for a complete stream.
-                if tx.send(Ok(event)).await.is_ok() {
-                    let waited = Instant::now();
-                    while tx.capacity() < tx.max_capacity()
-                        && waited.elapsed() < Duration::from_secs(1)
-                    {
-                        tokio::time::sleep(Duration::from_millis(2)).await;
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    let _ = tx.send(Err(std::io::Error::other(msg))).await;
-                }
-                return;
+                let _ = call
+                    .end(
+                        CallStatus::Failed,
+                        200,
+                        Some((class, msg)),
+                        collected.freeze(),
+                    )
+                    .await;
+                // Tell the harness in its own format, then cut the body off.
+                return out.cut(Some(event)).await;
             }
         }
     }

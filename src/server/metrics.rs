@@ -26,6 +26,11 @@ pub struct ClassLabel {
     pub class: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
 fn latency_histogram() -> Histogram {
     // 100 µs … ~100 s
     Histogram::new(exponential_buckets(0.0001, 2.0, 21))
@@ -38,7 +43,13 @@ pub struct Metrics {
     pub duration: Family<ApiLabel, Histogram, fn() -> Histogram>,
     pub ttfb: Family<ApiLabel, Histogram, fn() -> Histogram>,
     pub in_flight: Gauge,
+    /// Calls refused before they were proxied, by reason (the error code).
+    pub rejected: Family<ReasonLabel, Counter>,
+    /// Calls whose end the write-ahead log could not take.
+    pub unrecorded: Counter,
     shard_lag: Gauge,
+    wal_write_failures: Gauge,
+    rows_salvaged: Gauge,
     rows_published: Gauge,
     shards_published: Gauge,
     wal_bytes: Gauge,
@@ -63,7 +74,11 @@ impl Metrics {
             duration,
             ttfb,
             in_flight: Gauge::default(),
+            rejected: Family::default(),
+            unrecorded: Counter::default(),
             shard_lag: Gauge::default(),
+            wal_write_failures: Gauge::default(),
+            rows_salvaged: Gauge::default(),
             rows_published: Gauge::default(),
             shards_published: Gauge::default(),
             wal_bytes: Gauge::default(),
@@ -100,6 +115,26 @@ impl Metrics {
             "calls_in_flight",
             "Calls being handled now",
             m.in_flight.clone(),
+        );
+        registry.register(
+            "rejected_calls",
+            "Calls refused before they were proxied, by reason",
+            m.rejected.clone(),
+        );
+        registry.register(
+            "unrecorded_calls",
+            "Calls whose end the write-ahead log could not take (answered 503 under on_wal_error = fail)",
+            m.unrecorded.clone(),
+        );
+        registry.register(
+            "wal_write_failures",
+            "Write-ahead log batches whose write failed",
+            m.wal_write_failures.clone(),
+        );
+        registry.register(
+            "rows_salvaged",
+            "Calls whose row assembly failed, recorded with their raw bytes",
+            m.rows_salvaged.clone(),
         );
         registry.register(
             "shard_lag_rows",
@@ -142,6 +177,10 @@ impl Metrics {
             .set(s.wal_bytes_written.load(Ordering::Relaxed) as i64);
         self.wal_segments
             .set(s.wal_segments.load(Ordering::Relaxed));
+        self.wal_write_failures
+            .set(s.wal_write_failures.load(Ordering::Relaxed) as i64);
+        self.rows_salvaged
+            .set(s.rows_salvaged.load(Ordering::Relaxed) as i64);
         let mut out = String::new();
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out

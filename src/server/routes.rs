@@ -1,16 +1,18 @@
 //! The router: a tower `Service` that dispatches each request by path.
 //!
 //! ```text
-//! GET  /healthz                              liveness and shard lag
+//! GET  /healthz                              200 when recording works, else 503 and why
 //! GET  /metrics                              Prometheus text
 //! POST /v1/rollouts/<id>/finish              a rollout's outcome
 //! GET  [/rollouts/<id>]/v1/models            forwarded to the default route
 //! POST [/rollouts/<id>]/v1/chat/completions  ┐
-//! POST [/rollouts/<id>]/v1/responses         ├ proxied and recorded (`call`)
-//! POST [/rollouts/<id>]/v1/completions       ┘
+//! POST [/rollouts/<id>]/v1/responses         │ proxied and recorded (`call`),
+//! POST [/rollouts/<id>]/v1/completions       │ each in a call slot (`slots`)
+//! POST [/rollouts/<id>]/v1/messages          ┘
 //! ```
 
 use super::body::ProxyBody;
+use super::slots::Slotted;
 use super::{call, State};
 use crate::dialect::{ApiError, WireApi};
 use crate::record::RolloutFinish;
@@ -37,7 +39,7 @@ impl Router {
 }
 
 impl tower::Service<Request<Incoming>> for Router {
-    type Response = Response<ProxyBody>;
+    type Response = Response<Slotted>;
     type Error = Infallible;
     type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
 
@@ -48,6 +50,39 @@ impl tower::Service<Request<Incoming>> for Router {
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
         let state = self.state.clone();
         Box::pin(async move { Ok(route(state, req).await) })
+    }
+}
+
+/// The largest `/v1/models` answer passed on.
+const MAX_MODELS_BYTES: usize = 4 << 20;
+
+/// Route a request; proxied calls run in a call slot held until the last
+/// byte of their answer.
+async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<Slotted> {
+    match dispatch(&state, &req) {
+        Dispatch::Admin => admin(state, req).await.map(Slotted::from),
+        Dispatch::Reject(api, rollout, err) => call::reject(&state, api, rollout.as_deref(), &err)
+            .await
+            .map(Slotted::from),
+        Dispatch::Proxy(api, rollout) => {
+            let Some(slot) = state.slots.take().await else {
+                let err = ApiError::new(
+                    503,
+                    "server_error",
+                    "overloaded",
+                    format!(
+                        "rollcall is handling server.max_concurrent_calls ({}) calls and none finished within server.queue_timeout_secs; retry later",
+                        state.config.server.max_concurrent_calls
+                    ),
+                );
+                return call::reject(&state, api, rollout.as_deref(), &err)
+                    .await
+                    .map(Slotted::from);
+            };
+            call::proxy(state, api, rollout, req)
+                .await
+                .map(|b| Slotted::new(b, Some(slot)))
+        }
     }
 }
 
@@ -116,30 +151,40 @@ fn not_found(path: &str) -> ApiError {
         404,
         "invalid_request_error",
         "unknown_url",
-        format!("rollcall does not serve {path}; endpoints are /v1/chat/completions, /v1/responses, /v1/completions and /v1/models, optionally under /rollouts/<id>"),
+        format!("rollcall does not serve {path}; endpoints are /v1/chat/completions, /v1/responses, /v1/completions, /v1/messages and /v1/models, optionally under /rollouts/<id>"),
     )
 }
 
-async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<ProxyBody> {
-    let path = req.uri().path().to_owned();
-    let method = req.method().clone();
+/// What a request is, decided from its head alone.
+enum Dispatch {
+    /// Health, metrics, finish, models: handled by [`admin`].
+    Admin,
+    /// A call to proxy, with the rollout its path names.
+    Proxy(WireApi, Option<String>),
+    /// A call refused before it is proxied.
+    Reject(WireApi, Option<String>, ApiError),
+}
+
+fn dispatch(state: &State, req: &Request<Incoming>) -> Dispatch {
+    let path = req.uri().path();
+    let method = req.method();
     let chat = WireApi::ChatCompletions;
-    match (&method, path.as_str()) {
-        (&Method::GET, "/healthz") => {
-            return json_response(
-                200,
-                &json!({"status": "ok", "shard_lag_rows": state.recorder.unpublished_rows()}),
-            );
-        }
-        (&Method::GET, "/metrics") => {
-            return bytes_response(
-                200,
-                "text/plain; version=0.0.4; charset=utf-8",
-                state.metrics.render(),
-            );
-        }
-        _ => {}
+    if matches!(path, "/healthz" | "/metrics") && method == Method::GET {
+        return Dispatch::Admin;
     }
+    // The rollout a path names, when it is well-formed: a refused call is
+    // recorded under it.
+    let (rollout, rest) = match path.strip_prefix("/rollouts/") {
+        Some(r) => match r.split_once('/') {
+            Some((id, rest)) => (Some(id), rest),
+            None => return Dispatch::Reject(chat, None, not_found(path)),
+        },
+        None => (None, path.strip_prefix('/').unwrap_or(path)),
+    };
+    let endpoint = rest.strip_prefix("v1").unwrap_or(rest);
+    let api = WireApi::from_endpoint(endpoint).unwrap_or(chat);
+    let known = rollout.filter(|id| check_rollout_id(id).is_ok());
+    let owned = known.map(str::to_owned);
     if let Some(keys) = &state.client_keys {
         if !client_key(req.headers()).is_some_and(|k| keys.contains(k)) {
             let err = ApiError::new(
@@ -148,14 +193,68 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<ProxyBody>
                 "invalid_api_key",
                 "missing or unknown client key: send one of the configured keys as `Authorization: Bearer <key>` or `x-api-key`",
             );
-            return error_response(chat, &err);
+            // Only calls to a wire API are recorded.
+            let owned = owned.filter(|_| WireApi::from_endpoint(endpoint).is_some());
+            return Dispatch::Reject(api, owned, err);
         }
+    }
+    if path.starts_with("/v1/rollouts/") && path.ends_with("/finish") {
+        return Dispatch::Admin;
+    }
+    if let (Some(id), None) = (rollout, known) {
+        let err = check_rollout_id(id)
+            .err()
+            .unwrap_or_else(|| not_found(path));
+        return Dispatch::Reject(chat, None, err);
+    }
+    if rest == "v1/models" {
+        return Dispatch::Admin;
+    }
+    match WireApi::from_endpoint(endpoint) {
+        Some(api) if method == Method::POST => Dispatch::Proxy(api, owned),
+        Some(api) => Dispatch::Reject(
+            api,
+            None,
+            ApiError::new(
+                405,
+                "invalid_request_error",
+                "method_not_allowed",
+                format!("{endpoint} takes POST"),
+            ),
+        ),
+        None => Dispatch::Reject(chat, None, not_found(path)),
+    }
+}
+
+/// The endpoints beside the proxy path.
+async fn admin(state: Arc<State>, req: Request<Incoming>) -> Response<ProxyBody> {
+    let path = req.uri().path().to_owned();
+    let chat = WireApi::ChatCompletions;
+    match path.as_str() {
+        "/healthz" => {
+            let lag = state.recorder.unpublished_rows();
+            return match state.recorder.stats.unhealthy() {
+                None => json_response(200, &json!({"status": "ok", "shard_lag_rows": lag})),
+                Some(reason) => json_response(
+                    503,
+                    &json!({"status": "unhealthy", "reason": reason, "shard_lag_rows": lag}),
+                ),
+            };
+        }
+        "/metrics" => {
+            return bytes_response(
+                200,
+                "text/plain; version=0.0.4; charset=utf-8",
+                state.metrics.render(),
+            );
+        }
+        _ => {}
     }
     if let Some(id) = path
         .strip_prefix("/v1/rollouts/")
         .and_then(|r| r.strip_suffix("/finish"))
     {
-        if method != Method::POST {
+        if req.method() != Method::POST {
             return error_response(
                 chat,
                 &ApiError::new(
@@ -166,39 +265,10 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<ProxyBody>
                 ),
             );
         }
-        return finish(&state, id, req).await;
+        let id = id.to_owned();
+        return finish(&state, &id, req).await;
     }
-    let (rollout, rest) = match path.strip_prefix("/rollouts/") {
-        Some(r) => match r.split_once('/') {
-            Some((id, rest)) => (Some(id.to_owned()), format!("/{rest}")),
-            None => return error_response(chat, &not_found(&path)),
-        },
-        None => (None, path.clone()),
-    };
-    if let Some(id) = &rollout {
-        if let Err(e) = check_rollout_id(id) {
-            return error_response(chat, &e);
-        }
-    }
-    let Some(endpoint) = rest.strip_prefix("/v1") else {
-        return error_response(chat, &not_found(&path));
-    };
-    if endpoint == "/models" {
-        return models(&state, req).await;
-    }
-    match WireApi::from_endpoint(endpoint) {
-        Some(api) if method == Method::POST => call::proxy(state, api, rollout, req).await,
-        Some(api) => error_response(
-            api,
-            &ApiError::new(
-                405,
-                "invalid_request_error",
-                "method_not_allowed",
-                format!("{endpoint} takes POST"),
-            ),
-        ),
-        None => error_response(chat, &not_found(&path)),
-    }
+    models(&state, req).await
 }
 
 #[derive(Deserialize)]
@@ -247,7 +317,7 @@ async fn finish(state: &State, id: &str, req: Request<Incoming>) -> Response<Pro
         );
         return error_response(chat, &err);
     }
-    let calls = state.sequencer.count(id);
+    let calls = state.sequencer.finish(id);
     let fin = RolloutFinish {
         record_id: uuid::Uuid::now_v7().to_string(),
         rollout_id: id.to_owned(),
@@ -280,14 +350,16 @@ async fn models(state: &State, req: Request<Incoming>) -> Response<ProxyBody> {
             .send(Method::GET, "/models", headers, Bytes::new())
             .await
         {
-            Ok(resp) if resp.status().is_success() => {
+            Ok(mut resp) if resp.status().is_success() => {
                 let ct = resp
                     .headers()
                     .get(header::CONTENT_TYPE)
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or("application/json")
                     .to_owned();
-                match resp.bytes().await {
+                let read =
+                    crate::upstream::read_body(&mut resp, MAX_MODELS_BYTES, route.idle_timeout);
+                match read.await {
                     Ok(b) => return bytes_response(200, &ct, b),
                     Err(e) => e.to_string(),
                 }

@@ -61,6 +61,14 @@ impl Route {
             })?),
             None => None,
         };
+        if let Some(k) = &api_key {
+            crate::redact::register_secret(k);
+        }
+        if let Ok(u) = reqwest::Url::parse(&c.url) {
+            if let Some(p) = u.password() {
+                crate::redact::register_secret(p);
+            }
+        }
         // TLS to https upstreams uses rustls with the `ring` provider.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::builder()
@@ -223,7 +231,8 @@ impl Route {
     }
 }
 
-/// An error and its sources on one line.
+/// An error and its sources on one line, redacted: an HTTP client's error
+/// text carries the full URL, query string and userinfo included.
 pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
@@ -232,7 +241,44 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         s.push_str(&c.to_string());
         cur = c.source();
     }
-    s
+    crate::redact::redacted(&s)
+}
+
+/// Why a response body could not be read whole.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// the upstream's body stalled for {0:?}
+    #[error("the upstream's body stalled for {0:?}")]
+    Stalled(Duration),
+    /// the upstream's answer exceeds {0} bytes
+    #[error("the upstream's answer exceeds {0} bytes (server.max_response_bytes)")]
+    TooLarge(usize),
+    /// the upstream closed the response midway: {0}
+    #[error("the upstream closed the response midway: {0}")]
+    Dropped(String),
+}
+
+/// Read a response body whole: at most `limit` bytes, with no silence
+/// longer than `idle` between two pieces.
+pub async fn read_body(
+    resp: &mut reqwest::Response,
+    limit: usize,
+    idle: Duration,
+) -> Result<Bytes, BodyError> {
+    let mut buf = bytes::BytesMut::new();
+    loop {
+        match tokio::time::timeout(idle, resp.chunk()).await {
+            Err(_) => return Err(BodyError::Stalled(idle)),
+            Ok(Ok(Some(c))) => {
+                if buf.len() + c.len() > limit {
+                    return Err(BodyError::TooLarge(limit));
+                }
+                buf.extend_from_slice(&c);
+            }
+            Ok(Ok(None)) => return Ok(buf.freeze()),
+            Ok(Err(e)) => return Err(BodyError::Dropped(error_chain(&e))),
+        }
+    }
 }
 
 /// All routes, and the default one.

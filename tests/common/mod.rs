@@ -43,9 +43,15 @@ impl Proc {
 }
 
 pub fn spawn(args: &[&str], ready_prefix: &str) -> Proc {
+    spawn_env(args, ready_prefix, &[])
+}
+
+/// [`spawn`] with extra environment variables.
+pub fn spawn_env(args: &[&str], ready_prefix: &str, env: &[(&str, &str)]) -> Proc {
     let mut child = Command::new(BIN)
         .args(args)
         .env("ROLLCALL_LOG", "warn")
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -72,11 +78,16 @@ pub fn scripted_upstream() -> Proc {
 
 /// Start the proxy with `extra_toml` (any tables) in front of `upstream`.
 pub fn proxy(dir: &Path, upstream: &str, extra_toml: &str) -> Proc {
+    proxy_env(dir, upstream, extra_toml, &[])
+}
+
+/// [`proxy`] with extra environment variables.
+pub fn proxy_env(dir: &Path, upstream: &str, extra_toml: &str, env: &[(&str, &str)]) -> Proc {
     let cfg = dir.join("rollcall.toml");
     let toml = format!("[shards]\nmax_age_secs = 0.2\n{extra_toml}\n");
     std::fs::write(&cfg, toml).expect("write config");
     let shards = dir.join("shards");
-    spawn(
+    spawn_env(
         &[
             "serve",
             "--config",
@@ -89,6 +100,7 @@ pub fn proxy(dir: &Path, upstream: &str, extra_toml: &str) -> Proc {
             shards.to_str().expect("utf-8 path"),
         ],
         "rollcall listening on ",
+        env,
     )
 }
 

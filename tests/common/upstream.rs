@@ -1,6 +1,7 @@
 //! A hand-driven upstream for tests that need to see exactly what the proxy
 //! sends, or to control when each piece of a response goes out. It is a real
 //! hyper server on loopback standing in for a model server.
+#![allow(dead_code)]
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
