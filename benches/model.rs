@@ -19,17 +19,19 @@ struct Run {
 
 fn run(model: &Model, prompt: Vec<u32>, max_tokens: usize) -> Run {
     let started = Instant::now();
-    let mut rx = model.generate(
-        prompt,
-        None,
-        max_tokens,
-        Sampling {
-            temperature: 0.8,
-            seed: Some(1),
-            ..Sampling::default()
-        },
-        0,
-    );
+    let mut rx = model
+        .generate(
+            prompt,
+            None,
+            max_tokens,
+            Sampling {
+                temperature: 0.8,
+                seed: Some(1),
+                ..Sampling::default()
+            },
+            0,
+        )
+        .expect("the model takes a generation");
     let (mut cached, mut first, mut generated) = (0, None, 0);
     while let Some(step) = rx.blocking_recv() {
         match step {

@@ -123,14 +123,16 @@ fn benches(c: &mut Criterion) {
                 b"{}",
                 &req,
                 b"",
-            );
+            )
+            .expect("a small frame");
             rollcall::record::wal::encode(
                 &mut buf,
                 rollcall::record::wal::Kind::End,
                 b"{}",
                 &calls[0].response,
                 b"",
-            );
+            )
+            .expect("a small frame");
             buf.len()
         })
     });

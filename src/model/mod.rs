@@ -78,6 +78,9 @@ pub struct Options {
     pub default_temperature: f64,
     /// KV caches kept for conversations in progress.
     pub kv_slots: usize,
+    /// Generations queued behind the one running; a call beyond them is
+    /// answered 503 with `Retry-After` at once.
+    pub queue: usize,
     /// Compute in f32 from weights dequantized at load. On, greedy output
     /// matches `transformers` (which dequantizes GGUF files the same way)
     /// to the token; candle's quantized CPU kernels answered SmolLM2's Q4_1
@@ -94,6 +97,7 @@ impl Default for Options {
             default_max_tokens: 1024,
             default_temperature: 1.0,
             kv_slots: 4,
+            queue: 64,
             dequantize: true,
         }
     }
@@ -144,7 +148,18 @@ pub struct Model {
     /// Tokens of prompt and answer together the model can attend to.
     pub context: usize,
     pub options: Options,
-    jobs: mpsc::Sender<Job>,
+    jobs: mpsc::SyncSender<Job>,
+}
+
+/// A generation the model could not take.
+#[derive(Debug, thiserror::Error)]
+pub enum Busy {
+    /// the embedded model's queue is full ({0} generations waiting); retry shortly
+    #[error("the embedded model's queue is full ({0} generations waiting); retry shortly")]
+    Full(usize),
+    /// the model thread has stopped
+    #[error("the model thread has stopped")]
+    Stopped,
 }
 
 fn md_str<'a>(
@@ -195,7 +210,7 @@ impl Model {
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "embedded".into())
         });
-        let (jobs, rx) = mpsc::channel();
+        let (jobs, rx) = mpsc::sync_channel(options.queue.max(1));
         let worker = Worker {
             slots: (0..options.kv_slots.max(1))
                 .map(|_| Slot {
@@ -227,7 +242,7 @@ impl Model {
     }
 
     /// Queue a generation; its steps arrive on the receiver. Dropping the
-    /// receiver cancels the generation.
+    /// receiver cancels the generation. A full queue is refused at once.
     pub fn generate(
         &self,
         prompt: Vec<u32>,
@@ -235,7 +250,7 @@ impl Model {
         max_tokens: usize,
         sampling: Sampling,
         top_logprobs: usize,
-    ) -> UnboundedReceiver<Step> {
+    ) -> Result<UnboundedReceiver<Step>, Busy> {
         let (steps, rx) = unbounded_channel();
         let job = Job {
             prompt,
@@ -245,12 +260,11 @@ impl Model {
             top_logprobs,
             steps,
         };
-        if let Err(mpsc::SendError(job)) = self.jobs.send(job) {
-            let _ = job
-                .steps
-                .send(Step::Failed("the model thread has stopped".into()));
+        match self.jobs.try_send(job) {
+            Ok(()) => Ok(rx),
+            Err(mpsc::TrySendError::Full(_)) => Err(Busy::Full(self.options.queue)),
+            Err(mpsc::TrySendError::Disconnected(_)) => Err(Busy::Stopped),
         }
-        rx
     }
 }
 

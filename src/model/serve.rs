@@ -91,11 +91,16 @@ async fn handle(req: Request<Incoming>, model: Arc<Model>) -> Response<ProxyBody
         _ => reject(404, format!("no route for {} {path}", req.method())),
     };
     result.unwrap_or_else(|Reject(status, msg)| {
-        respond(
+        let mut r = respond(
             status,
             ProxyBody::full(error_body(status, &msg).to_string()),
             "application/json",
-        )
+        );
+        if status == 503 {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
+        r
     })
 }
 
@@ -403,13 +408,15 @@ async fn chat(
     let (prompt, checkpoint) = chat_prompt(model, body, &tools)?;
     let p = params(model, body, prompt.len())?;
     let top = if p.logprobs { p.top_logprobs } else { 0 };
-    let mut steps = model.generate(
-        prompt.clone(),
-        checkpoint,
-        p.max_tokens,
-        p.sampling.clone(),
-        top,
-    );
+    let mut steps = model
+        .generate(
+            prompt.clone(),
+            checkpoint,
+            p.max_tokens,
+            p.sampling.clone(),
+            top,
+        )
+        .map_err(|e| Reject(503, e.to_string()))?;
     let id = format!("chatcmpl-{}", uuid::Uuid::new_v4().simple());
     let name = body
         .get("model")
