@@ -19,6 +19,8 @@
 //! | `fault=drop` | send part of the body, then reset the connection |
 //! | `fault=stream_error` | stream a delta, then an error event |
 //! | `fault=garbage` | answer 200 with a body that is not JSON |
+//! | `fault=malformed` | answer 200 with the API's shape broken: a stream whose events have the wrong types (a Responses `response` that is a string, a chat `choices` that is a number, bytes that are not JSON) and no terminal event; a whole body of the wrong shape |
+//! | `fault=failed` | stream a delta, then Responses `response.failed` (chat: a chunk with an `error` object, then `[DONE]`) |
 //!
 //! The APIs it serves, each in its provider's own format:
 //!
@@ -314,6 +316,9 @@ async fn handle(
         _ => {}
     }
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    if o.fault.as_deref() == Some("malformed") {
+        return Ok(malformed(kind, stream));
+    }
     let Some(kind) = kind else {
         return Ok(error(
             404,
@@ -361,6 +366,21 @@ async fn handle(
                 let _ = tx.send(Err(std::io::Error::other("scripted drop"))).await;
                 return;
             }
+            if fault.as_deref() == Some("failed") && i == 2 {
+                let event = match kind {
+                    Kind::Responses => {
+                        let r = json!({"type": "response.failed", "response": {"id": "resp_failed", "object": "response", "status": "failed",
+                            "error": {"code": "server_error", "message": "scripted failure"}, "output": []}});
+                        format!("event: response.failed\ndata: {r}\n\n")
+                    }
+                    _ => {
+                        let err = json!({"error": {"message": "scripted failure", "type": "server_error", "code": "500"}});
+                        format!("data: {err}\n\ndata: [DONE]\n\n")
+                    }
+                };
+                let _ = tx.send(Ok(Bytes::from(event))).await;
+                return;
+            }
             if fault.as_deref() == Some("stream_error") && i == 2 {
                 let event = if kind == Kind::Messages {
                     let err = json!({"type": "error", "error": {"type": "api_error", "message": "scripted stream error"}});
@@ -388,6 +408,36 @@ async fn handle(
     r.headers_mut()
         .insert(header::CACHE_CONTROL, "no-cache".parse().expect("cc"));
     Ok(r)
+}
+
+/// `fault=malformed`: the API's shape broken in the ways real servers
+/// have broken it, with no terminal event.
+fn malformed(kind: Option<Kind>, stream: bool) -> Response<ProxyBody> {
+    if !stream {
+        return respond(
+            200,
+            "application/json",
+            json!({"choices": 7, "output": "none", "content": {"x": null}}).to_string(),
+        );
+    }
+    let events = match kind {
+        Some(Kind::Responses) => concat!(
+            "event: response.created\ndata: {\"type\":\"response.created\",\"response\":\"not an object\"}\n\n",
+            "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"output_index\":\"zero\",\"delta\":5}\n\n",
+            "data: {not json\n\n",
+        ),
+        Some(Kind::Messages) => concat!(
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":5}\n\n",
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":\"a\",\"delta\":[]}\n\n",
+            "data: \u{1}\u{2}\n\n",
+        ),
+        _ => concat!(
+            "data: {\"id\":7,\"choices\":5}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":\"x\",\"function\":{\"name\":3}}]}}]}\n\n",
+            "data: {not json\n\n",
+        ),
+    };
+    respond(200, "text/event-stream", events)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
