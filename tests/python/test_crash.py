@@ -18,6 +18,10 @@ import rollcall_harness as h
 
 THREADS = 8
 STREAM_MODEL = "scripted@events=6@delay_ms=8"
+# Streams so slow that some are always in flight when the kill comes: the
+# test requires calls cut off by it, as `incomplete` rows.
+SLOW_THREADS = 2
+SLOW_MODEL = "scripted@events=50@delay_ms=100"
 
 
 @dataclass
@@ -29,16 +33,18 @@ class Attempt:
     acked: bool = False
 
 
-def kind_of(n: int) -> str:
+def kind_of(n: int, k: int = 0) -> str:
+    if k >= THREADS:
+        return "slow_stream"
     return ("chat", "chat_stream", "chat", "responses_stream")[n % 4]
 
 
 def request_for(kind: str, q: str) -> tuple[str, bytes]:
     if kind == "responses_stream":
         return "responses", json.dumps({"model": STREAM_MODEL, "input": q, "stream": True}).encode()
-    stream = kind == "chat_stream"
-    body = {"model": STREAM_MODEL if stream else "scripted", "messages": [{"role": "user", "content": q}],
-            "stream": stream}
+    stream = kind in ("chat_stream", "slow_stream")
+    model = SLOW_MODEL if kind == "slow_stream" else STREAM_MODEL if stream else "scripted"
+    body = {"model": model, "messages": [{"role": "user", "content": q}], "stream": stream}
     return "chat/completions", json.dumps(body).encode()
 
 
@@ -52,7 +58,7 @@ def acknowledged(kind: str, q: str, status: int, body: bytes, error: BaseExcepti
     events = h.sse_events(body)
     if not body.endswith(b"\n\n") or not events:
         return False
-    if kind == "chat_stream":
+    if kind in ("chat_stream", "slow_stream"):
         text = "".join(
             c["delta"].get("content") or "" for _, d in events if d != "[DONE]" for c in json.loads(d)["choices"]
         )
@@ -70,7 +76,7 @@ def client_thread(base: str, tag: str, k: int, stop: threading.Event, out: list[
     n = 0
     while not stop.is_set():
         q = f"crash-{tag}-{k}-{n}"
-        a = Attempt(rollout, n, q, kind_of(n))
+        a = Attempt(rollout, n, q, kind_of(n, k))
         out.append(a)
         path, body = request_for(a.kind, q)
         try:
@@ -94,10 +100,10 @@ def client_thread(base: str, tag: str, k: int, stop: threading.Event, out: list[
 
 def load_then_kill(p: h.Proxy, tag: str, seconds: float) -> list[Attempt]:
     stop = threading.Event()
-    outs: list[list[Attempt]] = [[] for _ in range(THREADS)]
+    outs: list[list[Attempt]] = [[] for _ in range(THREADS + SLOW_THREADS)]
     threads = [
         threading.Thread(target=client_thread, args=(p.url, tag, k, stop, outs[k]), daemon=True)
-        for k in range(THREADS)
+        for k in range(THREADS + SLOW_THREADS)
     ]
     for t in threads:
         t.start()
@@ -141,6 +147,9 @@ def check_durability(shards, attempts: list[Attempt]) -> list[dict]:
                 q, r["status"], r["failure_class"], r["failure_message"])
             assert not a.acked
     assert all(c == 1 for c in seen.values()), [q for q, c in seen.items() if c > 1]
+
+    # The slow streams were in flight at the kill: their calls are incomplete.
+    assert any(r["status"] == "incomplete" for r in rows), "the kill cut off no call"
 
     acked = [a for a in attempts if a.acked]
     rows_by_q = {h.last_user_text(json.loads(r["request"])): r for r in rows}

@@ -25,8 +25,10 @@ import pytest
 
 import rollcall_harness as h
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+# Required, never skipped: make test installs them (requirements-model.txt),
+# and a missing reference must fail the suite rather than hide it.
+import torch  # noqa: E402
+import transformers  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -17,7 +17,7 @@ import pytest
 
 import rollcall_harness as h
 
-datasets = pytest.importorskip("datasets")
+import datasets  # noqa: E402  (required: requirements.txt installs it)
 
 AGENT = h.REPO_ROOT / "harness-adapters" / "scripted-agent" / "agent.py"
 

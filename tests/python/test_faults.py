@@ -386,3 +386,35 @@ def test_api_key_never_written(make_proxy, upstream):
     log = p.stderr_text()
     assert "secret-rollout" in log or "shutting down" in log  # the log was captured
     assert SECRET not in log, "API key found in the proxy's log"
+
+
+def test_query_string_key_never_written(make_proxy, upstream, tmp_path):
+    """A key in the query string, with the upstream unreachable, reached the
+    row's failure_message and the log through the HTTP client's error text
+    (which carries the full URL)."""
+    toml = """
+[shards]
+max_age_secs = 0.2
+[[routes]]
+name = "gone"
+url = "http://user:route-password-77@127.0.0.1:9/v1"
+connect_retries = 0
+"""
+    p = make_proxy(toml, env={"ROLLCALL_LOG": "debug"})
+    key = "sk-querykey-0123456789abcdef"
+    for path in (f"/rollouts/q/v1/chat/completions?api-key={key}&beta=true",
+                 f"/rollouts/q/v1/responses?key={key}",
+                 f"/rollouts/q/v1/messages?beta=true&token={key}"):
+        r = h.raw_request(p.url, "POST", path, chat_body("m", "q"), {})
+        assert r.status == 502, (path, r.status, r.body[:200])
+        assert key.encode() not in r.body and b"route-password-77" not in r.body, r.body
+    rows = rows_of(p, "q", 3)
+    assert {r["failure_class"] for r in rows} == {"upstream_connect"}
+    assert p.terminate() == 0
+    for f in p.shards.rglob("*"):
+        if f.is_file():
+            data = f.read_bytes()
+            assert key.encode() not in data and b"route-password-77" not in data, f.name
+    log = p.stderr_text()
+    assert "upstream" in log  # the failures were logged
+    assert key not in log and "route-password-77" not in log, "a secret reached the log"

@@ -9,9 +9,7 @@ the result, then answers with what the command printed. Only a shell that
 really ran the command can produce `rollcall-42`.
 
 Harnesses come from `rollcall harness install --prefix .harnesses` (done by
-`make test`). A missing harness fails the test when
-ROLLCALL_REQUIRE_HARNESSES=1 (as in `make test` and CI) and skips it
-otherwise.
+`make test`). A missing harness fails its test: it is never skipped.
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ import pytest
 import rollcall_harness as h
 
 HARNESS_DIR = Path(os.environ.get("ROLLCALL_HARNESS_DIR", h.REPO_ROOT / ".harnesses"))
-REQUIRE = os.environ.get("ROLLCALL_REQUIRE_HARNESSES") == "1"
 HARNESSES = ["codex", "openclaw", "zeroclaw", "mini-swe-agent", "opencode", "claude-code"]
 WIRE = {"codex": "responses", "claude-code": "messages"}
 
@@ -53,10 +50,7 @@ EXPECTED_CALLS = {"codex": 2, "openclaw": 2, "zeroclaw": 2, "mini-swe-agent": 2,
 
 def need(name: str) -> None:
     if not (HARNESS_DIR / name / ".rollcall-installed").exists():
-        msg = f"{name} is not installed in {HARNESS_DIR}: run `rollcall harness install {name} --prefix {HARNESS_DIR}`"
-        if REQUIRE:
-            pytest.fail(msg)
-        pytest.skip(msg)
+        pytest.fail(f"{name} is not installed in {HARNESS_DIR}: run `rollcall harness install {name} --prefix {HARNESS_DIR}`")
 
 
 def start_run(proxy: h.Proxy, name: str, rollout: str, workdir: Path, model: str = "scripted",
