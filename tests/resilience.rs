@@ -692,3 +692,31 @@ async fn rejected_calls_are_counted_and_recorded() {
         .values()
         .any(|v| v.to_string().contains("wrong-key-999999")));
 }
+
+/// The `/models` answer was read with no size limit.
+#[tokio::test]
+async fn a_huge_models_answer_is_not_passed_on() {
+    let up = upstream::start(|_| {
+        upstream::whole(
+            200,
+            "application/json",
+            format!(r#"{{"data":"{}"}}"#, "m".repeat(5 << 20)),
+        )
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let px = proxy(dir.path(), &up.url, "");
+    let r = client()
+        .get(format!("{}/v1/models", px.url))
+        .send()
+        .await
+        .unwrap();
+    // No model is named in the config to list instead: a clear 502.
+    assert_eq!(r.status(), 502);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("exceeds"),
+        "{v}"
+    );
+    px.stop();
+}

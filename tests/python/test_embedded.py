@@ -297,3 +297,32 @@ def test_kv_cache_reuse_gives_the_same_tokens(served, hf):
             out = model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False,
                                  eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
         assert r["choices"][0]["token_ids"] == out[0, len(prompt):].tolist()
+
+
+def test_a_full_queue_is_refused_at_once(tmp_path, gguf):
+    """The embedded model's job queue was unbounded: calls queued behind
+    each other without limit. With `queue = 1`, one generation runs, one
+    waits, and the rest are answered 503 with Retry-After at once, recorded
+    as upstream server errors."""
+    import concurrent.futures
+
+    toml = EMBEDDED_TOML.format(model=gguf).replace("default_max_tokens = 24", "default_max_tokens = 48\nqueue = 1")
+    p = h.start_proxy(tmp_path, "unused", toml=toml)
+    body = {"model": "smol", "messages": [{"role": "user", "content": "Count from one to fifty in words."}],
+            "max_tokens": 48}
+    try:
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            results = list(pool.map(
+                lambda i: h.post_json(p.url, f"/rollouts/q{i}/v1/chat/completions", body, timeout=300), range(6)))
+        statuses = sorted(r.status for r in results)
+        assert statuses.count(200) >= 2 and 503 in statuses, statuses
+        busy = [r for r in results if r.status == 503]
+        retry = [{k.lower(): v for k, v in r.headers.items()}.get("retry-after") for r in busy]
+        assert retry == ["1"] * len(busy), retry
+        assert all("queue is full" in r.body.decode() for r in busy)
+        h.wait_for_shards(p.url)
+    finally:
+        p.terminate()
+    rows = h.read_calls_arrow(p.shards)
+    assert sorted(r["http_status"] for r in rows) == statuses
+    assert {r["failure_class"] for r in rows if r["http_status"] == 503} == {"upstream_server_error"}
