@@ -140,6 +140,19 @@ impl WireApi {
         }
     }
 
+    /// Whether `v` has the shape of this API's answer: the field that holds
+    /// the answer is there with the right type (`choices` for Chat
+    /// Completions and Completions, `output` for Responses, `content` for
+    /// Messages).
+    pub fn is_answer(self, v: &Value) -> bool {
+        let key = match self {
+            Self::ChatCompletions | Self::Completions => "choices",
+            Self::Responses => "output",
+            Self::Messages => "content",
+        };
+        v.get(key).is_some_and(Value::is_array)
+    }
+
     /// Whether `v` is an error body in this API's format.
     pub fn is_error_body(self, v: &Value) -> bool {
         match self {

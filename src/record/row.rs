@@ -114,7 +114,12 @@ fn upstream_verdict(c: &CompletedCall, a: &Assembled) -> Option<(FailureClass, S
         };
         return Some((class, format!("{what}: {}", f.message)));
     }
-    if a.response.is_none() || a.message.is_none() {
+    let api = WireApi::parse(&c.begin.meta.wire_api);
+    let shaped = match (&a.response, api) {
+        (Some(r), Some(api)) => api.is_answer(r),
+        _ => false,
+    };
+    if !shaped || a.message.is_none() {
         return Some((
             FailureClass::UpstreamInvalid,
             "the upstream's answer could not be read as its API's response; its bytes are kept in response_raw".into(),
@@ -321,5 +326,104 @@ mod tests {
         assert_eq!(v[0]["role"], "system");
         assert_eq!(v[1]["content"], "hi");
         assert_eq!(normalized_columns(None, br#"{"prompt":"x"}"#), (None, None));
+    }
+
+    fn completed(api: &str, stream: bool, response: &str) -> CompletedCall {
+        use crate::record::{CallBegin, CallMeta, CallOutcome};
+        CompletedCall {
+            begin: std::sync::Arc::new(CallBegin {
+                meta: CallMeta {
+                    call_id: "c".into(),
+                    rollout_id: "r".into(),
+                    sequence: 0,
+                    wire_api: api.into(),
+                    route: None,
+                    model: None,
+                    upstream_model: None,
+                    stream,
+                    received_at: 1,
+                    user_agent: Some("curl/8 authorization: Bearer sk-abcdefgh12345678".into()),
+                    upstream_api: None,
+                },
+                request: bytes::Bytes::from_static(b"{}"),
+                upstream_request: None,
+            }),
+            outcome: CallOutcome {
+                call_id: "c".into(),
+                status: CallStatus::Ok,
+                http_status: Some(200),
+                failure_class: None,
+                failure_message: None,
+                first_byte_at: None,
+                done_at: 2,
+            },
+            response: bytes::Bytes::from(response.to_owned()),
+            upstream_response: None,
+        }
+    }
+
+    #[test]
+    fn answers_that_are_not_their_apis_shape_or_report_failure_are_failed() {
+        let cases = [
+            (
+                "responses",
+                false,
+                r#"{"output":"none","status":"completed"}"#,
+                Some("upstream_invalid"),
+            ),
+            (
+                "messages",
+                false,
+                r#"{"content":{"x":null}}"#,
+                Some("upstream_invalid"),
+            ),
+            (
+                "chat_completions",
+                false,
+                r#"{"choices":7}"#,
+                Some("upstream_invalid"),
+            ),
+            ("completions", false, "<html>", Some("upstream_invalid")),
+            (
+                "chat_completions",
+                true,
+                "data: {not json\n\n",
+                Some("upstream_invalid"),
+            ),
+            (
+                "responses",
+                false,
+                r#"{"output":[],"status":"failed","error":{"message":"boom"}}"#,
+                Some("upstream_failed"),
+            ),
+            (
+                "responses",
+                false,
+                r#"{"output":[{"type":"message","role":"assistant","content":[{"type":"output_text","text":"hi"}]}],"status":"completed"}"#,
+                None,
+            ),
+            (
+                "chat_completions",
+                false,
+                r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}]}"#,
+                None,
+            ),
+        ];
+        for (api, stream, body, want) in cases {
+            let row = CallRow::build(&completed(api, stream, body));
+            assert_eq!(row.failure_class.as_deref(), want, "{api} {body}");
+            assert_eq!(
+                row.status,
+                if want.is_some() { "failed" } else { "ok" },
+                "{api} {body}"
+            );
+            assert_eq!(
+                row.response_raw.as_deref(),
+                Some(body.as_bytes()),
+                "raw bytes kept"
+            );
+            let ua = row.user_agent.unwrap();
+            assert!(!ua.contains("sk-abcdefgh12345678"), "{ua}");
+        }
     }
 }
