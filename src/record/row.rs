@@ -143,13 +143,23 @@ impl CallRow {
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_default();
                 tracing::error!(call_id = %c.begin.meta.call_id, panic = %crate::redact::redact(&what), "row assembly panicked; the call is kept with its raw bytes");
-                (CallRow::raw(c, &what), true)
+                let why = format!(
+                    "rollcall could not assemble this call's row ({what}); its bytes are kept raw"
+                );
+                let row = CallRow {
+                    status: CallStatus::Failed.as_str().into(),
+                    failure_class: Some(FailureClass::Internal.as_str().into()),
+                    failure_message: Some(crate::redact::redacted(&why)),
+                    ..CallRow::raw(c)
+                };
+                (row, true)
             }
         }
     }
 
-    /// A row of what the call's frames hold, nothing parsed.
-    fn raw(c: &CompletedCall, why: &str) -> CallRow {
+    /// A row of what the call's frames hold, nothing parsed: the metadata,
+    /// the outcome as the proxy saw it, and the raw bytes.
+    fn raw(c: &CompletedCall) -> CallRow {
         let m = &c.begin.meta;
         let o = &c.outcome;
         CallRow {
@@ -161,12 +171,10 @@ impl CallRow {
             model: m.model.clone(),
             upstream_model: m.upstream_model.clone(),
             stream: m.stream,
-            status: CallStatus::Failed.as_str().into(),
+            status: o.status.as_str().into(),
             http_status: o.http_status.map(i32::from),
-            failure_class: Some(FailureClass::Internal.as_str().into()),
-            failure_message: Some(crate::redact::redacted(&format!(
-                "rollcall could not assemble this call's row ({why}); its bytes are kept raw"
-            ))),
+            failure_class: o.failure_class.map(|f| f.as_str().to_owned()),
+            failure_message: o.failure_message.as_deref().map(crate::redact::redacted),
             request: String::from_utf8_lossy(&c.begin.request).into_owned(),
             upstream_request: c
                 .begin
@@ -238,24 +246,9 @@ impl CallRow {
         }
         .map(|m| crate::redact::redacted(&m));
         CallRow {
-            call_id: m.call_id.clone(),
-            rollout_id: m.rollout_id.clone(),
-            sequence: m.sequence,
-            wire_api: m.wire_api.clone(),
-            route: m.route.clone(),
-            model: m.model.clone(),
-            upstream_model: m.upstream_model.clone(),
-            stream: m.stream,
             status: status.as_str().into(),
-            http_status: o.http_status.map(i32::from),
             failure_class: failure_class.map(|f| f.as_str().to_owned()),
             failure_message,
-            request: String::from_utf8_lossy(&c.begin.request).into_owned(),
-            upstream_request: c
-                .begin
-                .upstream_request
-                .as_ref()
-                .map(|b| String::from_utf8_lossy(b).into_owned()),
             // A whole body already is the response (or the error the harness
             // saw); a stream is stored joined back into one object.
             response: if m.stream {
@@ -263,15 +256,11 @@ impl CallRow {
             } else {
                 (!c.response.is_empty()).then(|| String::from_utf8_lossy(&c.response).into_owned())
             },
-            response_raw: (!c.response.is_empty()).then(|| c.response.to_vec()),
             messages,
             tools,
             response_message: assembled.message.as_ref().and_then(json_text),
             tool_calls: assembled.tool_calls.as_ref().and_then(json_text),
             finish_reason: assembled.finish_reason.clone(),
-            received_at: m.received_at,
-            first_byte_at: o.first_byte_at,
-            done_at: Some(o.done_at),
             prompt_tokens: assembled.usage.prompt,
             completion_tokens: assembled.usage.completion,
             total_tokens: assembled.usage.total,
@@ -282,9 +271,7 @@ impl CallRow {
             completion_token_ids: tokens.completion_ids,
             prompt_logprobs: tokens.prompt_logprobs,
             completion_logprobs: tokens.completion_logprobs,
-            user_agent: m.user_agent.as_deref().map(crate::redact::redacted),
-            upstream_api: m.upstream_api.clone(),
-            upstream_response_raw: c.upstream_response.as_ref().map(|b| b.to_vec()),
+            ..CallRow::raw(c)
         }
     }
 }

@@ -36,6 +36,21 @@ def rollcall_bin() -> str:
 
 READY_TIMEOUT = 30.0
 
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def model_file() -> Path:
+    """The shipped model: ROLLCALL_MODEL_FILE, or where `rollcall model fetch`
+    caches it (`$ROLLCALL_CACHE`, `$XDG_CACHE_HOME/rollcall` or
+    `~/.cache/rollcall`, under `models/`)."""
+    env = os.environ.get("ROLLCALL_MODEL_FILE")
+    if env:
+        return Path(env)
+    cache = os.environ.get("ROLLCALL_CACHE") or (
+        os.path.join(os.environ["XDG_CACHE_HOME"], "rollcall") if os.environ.get("XDG_CACHE_HOME")
+        else os.path.expanduser("~/.cache/rollcall"))
+    return Path(cache) / "models" / GGUF
+
 
 class Proc:
     """A child process started by a test; killed at teardown if still alive."""

@@ -31,22 +31,11 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def model_file() -> Path:
-    env = os.environ.get("ROLLCALL_MODEL_FILE")
-    if env:
-        return Path(env)
-    cache = os.environ.get("ROLLCALL_CACHE") or (
-        os.path.join(os.environ["XDG_CACHE_HOME"], "rollcall") if os.environ.get("XDG_CACHE_HOME")
-        else os.path.expanduser("~/.cache/rollcall"))
-    return Path(cache) / "models" / GGUF
 
 
 @pytest.fixture(scope="session")
 def gguf() -> Path:
-    p = model_file()
+    p = h.model_file()
     if not p.exists():
         pytest.fail(f"{p} is missing: run `rollcall model fetch` (make test does) or set ROLLCALL_MODEL_FILE")
     return p

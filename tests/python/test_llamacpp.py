@@ -58,7 +58,6 @@ import pytest
 
 import rollcall_harness as h
 
-GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL = "smollm2-135m"
 MAX_TOKENS = 48
 SEED = 1234
@@ -78,16 +77,6 @@ STREAM = pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"
 KIND = pytest.mark.parametrize("kind", ["tool", "text"])
 
 
-def model_file() -> Path:
-    env = os.environ.get("ROLLCALL_MODEL_FILE")
-    if env:
-        return Path(env)
-    cache = os.environ.get("ROLLCALL_CACHE") or (
-        os.path.join(os.environ["XDG_CACHE_HOME"], "rollcall") if os.environ.get("XDG_CACHE_HOME")
-        else os.path.expanduser("~/.cache/rollcall"))
-    return Path(cache) / "models" / GGUF
-
-
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -103,7 +92,7 @@ def llama(tmp_path_factory):
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.fail("llama-cpp-python is not installed in this interpreter: "
                     "`make .venv/.llamacpp-installed` (make test does) builds and installs it")
-    gguf = model_file()
+    gguf = h.model_file()
     if not gguf.exists():
         pytest.fail(f"{gguf} is missing: run `rollcall model fetch` (make test does) or set ROLLCALL_MODEL_FILE")
     d = tmp_path_factory.mktemp("llamacpp")
