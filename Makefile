@@ -29,6 +29,16 @@ $(VENV)/.model-installed: $(VENV)/.installed tests/python/requirements-model.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-cache-dir -r tests/python/requirements-model.txt
 	touch $@
 
+# The trainers that load the exports (tests/python/test_trainers.py): TRL,
+# verl without its serving stack (--no-deps, plus what its data classes
+# import), and rollcall's own loader package (python/).
+VERL_VERSION := 0.9.1
+$(VENV)/.trainers-installed: $(VENV)/.model-installed tests/python/requirements-trainers.txt python/pyproject.toml $(wildcard python/rollcall_data/*.py)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/python/requirements-trainers.txt
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps verl==$(VERL_VERSION)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps ./python
+	touch $@
+
 # llama.cpp's server (llama-cpp-python[server]), the real model server that
 # tests/python/test_llamacpp.py puts behind rollcall. PyPI has only its
 # sources: the wheel is compiled once (about 6-12 minutes on 2 cores) into
@@ -67,7 +77,7 @@ harnesses:
 
 # Rust unit and integration tests, then the Python suite (openai SDK,
 # pyarrow, DuckDB, real harness CLIs) against the debug binary.
-test: $(VENV)/.installed $(VENV)/.model-installed $(VENV)/.llamacpp-installed harnesses
+test: $(VENV)/.installed $(VENV)/.model-installed $(VENV)/.trainers-installed $(VENV)/.llamacpp-installed harnesses
 	cargo test
 	target/debug/rollcall model fetch --python $(VENV)/bin/python
 	ROLLCALL_HARNESS_DIR=$(HARNESS_DIR) \

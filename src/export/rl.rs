@@ -13,25 +13,31 @@ use super::trajectory::{self, Turn};
 use super::{ExportError, Filters, MismatchLog, Report, SampleMeta};
 use arrow::array::{
     ArrayRef, Float32Array, Float64Array, Int32Array, Int64Array, ListArray, RecordBatch,
-    StringArray,
+    StringArray, StructArray,
 };
 use arrow::buffer::OffsetBuffer;
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-/// Column names and shapes for a trainer.
+/// Column names and shapes for a trainer: the names its own entry points
+/// read, so a row goes in as it is (see `docs/datasets.md`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Trainer {
-    /// Our names: prompt_ids, response_ids, loss_mask, logprobs, reward, group.
+    /// Our names: group, prompt_ids, response_ids, loss_mask, logprobs, reward.
     #[default]
     Generic,
-    /// verl: uid, prompt_ids, response_ids, response_mask, rollout_log_probs.
+    /// verl: the fields of `AgentLoopOutput` (prompt_ids, response_ids,
+    /// response_mask, response_logprobs, reward_score, num_turns, metrics,
+    /// extra_fields with uid and rollcall's own columns).
     Verl,
-    /// slime: tokens (prompt + response), response_length, loss_mask, rollout_log_probs, reward, group_index.
+    /// slime: the fields of `Sample` (group_index, index, rollout_id as an
+    /// integer, tokens, response_length, loss_mask, rollout_log_probs,
+    /// reward, status as slime's value, metadata with rollcall's columns).
     Slime,
-    /// TRL: prompt_ids, completion_ids, completion_mask, old_per_token_logps, reward.
+    /// TRL: what a GRPO `rollout_func` returns (prompt_ids, completion_ids,
+    /// logprobs, env_mask) plus reward.
     Trl,
 }
 
@@ -44,6 +50,10 @@ pub struct RlSample {
     pub group: String,
     pub group_index: i64,
     pub index: i64,
+    /// The rollout's number in output order (slime's integer `rollout_id`).
+    pub rollout_index: i64,
+    /// Messages the segment's last call saw, plus its answer (verl's `num_turns`).
+    pub num_turns: i64,
     pub prompt_ids: Vec<i32>,
     pub response_ids: Vec<i32>,
     pub loss_mask: Vec<i32>,
@@ -99,6 +109,11 @@ pub fn rollout_samples(
             group: group.clone(),
             group_index: 0,
             index: 0,
+            rollout_index: 0,
+            num_turns: seg
+                .turns
+                .last()
+                .map_or(0, |&k| turns[k].messages.len() as i64 + 1),
             prompt_ids: vec![],
             response_ids: vec![],
             loss_mask: vec![],
@@ -149,6 +164,8 @@ enum Col {
     Group,
     GroupIndex,
     Index,
+    RolloutIndex,
+    NumTurns,
     PromptIds,
     ResponseIds,
     Tokens,
@@ -157,20 +174,49 @@ enum Col {
     Logprobs,
     Reward,
     Status,
+    SlimeStatus,
     Model,
     Sequences,
+    /// verl's `AgentLoopMetrics`, at its defaults (rollcall does not time them).
+    VerlMetrics,
+    /// A struct of rollcall's own columns (verl's `extra_fields`, slime's `metadata`).
+    Extra(&'static [(&'static str, Col)]),
 }
+
+/// rollcall's own columns, kept with every sample.
+const TAIL: &[(&str, Col)] = &[
+    ("sample_id", Col::SampleId),
+    ("rollout_id", Col::RolloutId),
+    ("segment", Col::Segment),
+    ("status", Col::Status),
+    ("model", Col::Model),
+    ("sequences", Col::Sequences),
+];
+
+/// verl's `extra_fields`: the group as `uid` (what GRPO groups by) and the tail.
+const VERL_EXTRA: &[(&str, Col)] = &[
+    ("uid", Col::Group),
+    ("sample_id", Col::SampleId),
+    ("rollout_id", Col::RolloutId),
+    ("segment", Col::Segment),
+    ("status", Col::Status),
+    ("model", Col::Model),
+    ("sequences", Col::Sequences),
+];
+
+/// slime's `metadata`: the group and the tail (the rollout id as rollcall knows it).
+const SLIME_META: &[(&str, Col)] = &[
+    ("group", Col::Group),
+    ("sample_id", Col::SampleId),
+    ("rollout_id", Col::RolloutId),
+    ("segment", Col::Segment),
+    ("status", Col::Status),
+    ("model", Col::Model),
+    ("sequences", Col::Sequences),
+];
 
 fn columns(t: Trainer) -> Vec<(&'static str, Col)> {
     use Col::*;
-    let tail = [
-        ("sample_id", SampleId),
-        ("rollout_id", RolloutId),
-        ("segment", Segment),
-        ("status", Status),
-        ("model", Model),
-        ("sequences", Sequences),
-    ];
     let head: Vec<(&'static str, Col)> = match t {
         Trainer::Generic => vec![
             ("group", Group),
@@ -180,60 +226,108 @@ fn columns(t: Trainer) -> Vec<(&'static str, Col)> {
             ("logprobs", Logprobs),
             ("reward", Reward),
         ],
-        Trainer::Verl => vec![
-            ("uid", Group),
-            ("prompt_ids", PromptIds),
-            ("response_ids", ResponseIds),
-            ("response_mask", LossMask),
-            ("rollout_log_probs", Logprobs),
-            ("reward", Reward),
-        ],
-        Trainer::Slime => vec![
-            ("index", Index),
-            ("group_index", GroupIndex),
-            ("tokens", Tokens),
-            ("response_length", ResponseLength),
-            ("loss_mask", LossMask),
-            ("rollout_log_probs", Logprobs),
-            ("reward", Reward),
-            ("group", Group),
-        ],
+        // Exactly `AgentLoopOutput`'s fields: pydantic ignores unknown keys,
+        // so anything else would be lost without a word.
+        Trainer::Verl => {
+            return vec![
+                ("prompt_ids", PromptIds),
+                ("response_ids", ResponseIds),
+                ("response_mask", LossMask),
+                ("response_logprobs", Logprobs),
+                ("reward_score", Reward),
+                ("num_turns", NumTurns),
+                ("metrics", VerlMetrics),
+                ("extra_fields", Extra(VERL_EXTRA)),
+            ]
+        }
+        // Exactly `Sample`'s fields: `Sample(**row)` rejects any other key.
+        Trainer::Slime => {
+            return vec![
+                ("group_index", GroupIndex),
+                ("index", Index),
+                ("rollout_id", RolloutIndex),
+                ("tokens", Tokens),
+                ("response_length", ResponseLength),
+                ("loss_mask", LossMask),
+                ("rollout_log_probs", Logprobs),
+                ("reward", Reward),
+                ("status", SlimeStatus),
+                ("metadata", Extra(SLIME_META)),
+            ]
+        }
         Trainer::Trl => vec![
             ("group", Group),
             ("prompt_ids", PromptIds),
             ("completion_ids", ResponseIds),
-            ("completion_mask", LossMask),
-            ("old_per_token_logps", Logprobs),
+            ("env_mask", LossMask),
+            ("logprobs", Logprobs),
             ("reward", Reward),
         ],
     };
-    head.into_iter().chain(tail).collect()
+    head.into_iter().chain(TAIL.iter().copied()).collect()
+}
+
+/// slime's `Sample.Status` value for a rollout's finish status (see
+/// `docs/datasets.md`): a rollout that ran to its end is `completed` whatever
+/// its grade, one cut short by time is `truncated`, one stopped from outside
+/// (or never finished) is `aborted`, one whose harness failed is `failed`.
+pub fn slime_status(status: Option<&str>) -> &'static str {
+    let Some(s) = status else {
+        return "aborted";
+    };
+    match s.to_ascii_lowercase().as_str() {
+        "completed" | "complete" | "success" | "succeeded" | "passed" | "resolved" | "failure"
+        | "unresolved" | "done" | "ok" => "completed",
+        "timeout" | "timed_out" | "truncated" | "length" => "truncated",
+        "cancelled" | "canceled" | "interrupted" | "aborted" | "killed" | "pending" => "aborted",
+        _ => "failed",
+    }
 }
 
 fn list_of(t: DataType) -> DataType {
     DataType::List(Arc::new(Field::new("item", t, true)))
 }
 
+fn verl_metrics_fields() -> Fields {
+    Fields::from(vec![
+        Field::new("generate_sequences", DataType::Float64, false),
+        Field::new("tool_calls", DataType::Float64, false),
+        Field::new("compute_score", DataType::Float64, false),
+        Field::new("num_preempted", DataType::Int64, false),
+    ])
+}
+
+fn field(name: &str, c: Col) -> Field {
+    let (ty, null) = match c {
+        Col::SampleId | Col::RolloutId | Col::Group | Col::SlimeStatus => (DataType::Utf8, false),
+        Col::Status | Col::Model => (DataType::Utf8, true),
+        Col::Segment
+        | Col::GroupIndex
+        | Col::Index
+        | Col::RolloutIndex
+        | Col::NumTurns
+        | Col::ResponseLength => (DataType::Int64, false),
+        Col::PromptIds | Col::ResponseIds | Col::Tokens | Col::LossMask => {
+            (list_of(DataType::Int32), false)
+        }
+        Col::Logprobs => (list_of(DataType::Float32), false),
+        Col::Reward => (DataType::Float64, true),
+        Col::Sequences => (list_of(DataType::Int64), false),
+        Col::VerlMetrics => (DataType::Struct(verl_metrics_fields()), false),
+        Col::Extra(cols) => (DataType::Struct(extra_fields(cols)), false),
+    };
+    Field::new(name, ty, null)
+}
+
+fn extra_fields(cols: &[(&str, Col)]) -> Fields {
+    cols.iter().map(|&(n, c)| field(n, c)).collect()
+}
+
 fn schema(t: Trainer) -> SchemaRef {
     Arc::new(Schema::new(
         columns(t)
             .into_iter()
-            .map(|(name, c)| {
-                let (ty, null) = match c {
-                    Col::SampleId | Col::RolloutId | Col::Group => (DataType::Utf8, false),
-                    Col::Status | Col::Model => (DataType::Utf8, true),
-                    Col::Segment | Col::GroupIndex | Col::Index | Col::ResponseLength => {
-                        (DataType::Int64, false)
-                    }
-                    Col::PromptIds | Col::ResponseIds | Col::Tokens | Col::LossMask => {
-                        (list_of(DataType::Int32), false)
-                    }
-                    Col::Logprobs => (list_of(DataType::Float32), false),
-                    Col::Reward => (DataType::Float64, true),
-                    Col::Sequences => (list_of(DataType::Int64), false),
-                };
-                Field::new(name, ty, null)
-            })
+            .map(|(name, c)| field(name, c))
             .collect::<Vec<_>>(),
     ))
 }
@@ -252,50 +346,74 @@ fn int_lists<'a>(rows: impl Iterator<Item = Vec<&'a [i32]>> + Clone) -> ArrayRef
     ))
 }
 
-fn batch(t: Trainer, rows: &[RlSample]) -> Result<RecordBatch, arrow::error::ArrowError> {
+fn column(c: Col, rows: &[RlSample]) -> ArrayRef {
     let strs = |f: fn(&RlSample) -> Option<&str>| -> ArrayRef {
         Arc::new(StringArray::from_iter(rows.iter().map(f)))
     };
     let ints = |f: fn(&RlSample) -> i64| -> ArrayRef {
         Arc::new(Int64Array::from_iter_values(rows.iter().map(f)))
     };
+    let floats = |v: f64| -> ArrayRef { Arc::new(Float64Array::from_iter_values(rows.iter().map(|_| v))) };
+    match c {
+        Col::SampleId => strs(|r| Some(&r.sample_id)),
+        Col::RolloutId => strs(|r| Some(&r.rollout_id)),
+        Col::Group => strs(|r| Some(&r.group)),
+        Col::Status => strs(|r| r.status.as_deref()),
+        Col::SlimeStatus => strs(|r| Some(slime_status(r.status.as_deref()))),
+        Col::Model => strs(|r| r.model.as_deref()),
+        Col::Segment => ints(|r| r.segment),
+        Col::GroupIndex => ints(|r| r.group_index),
+        Col::Index => ints(|r| r.index),
+        Col::RolloutIndex => ints(|r| r.rollout_index),
+        Col::NumTurns => ints(|r| r.num_turns),
+        Col::ResponseLength => ints(|r| r.response_ids.len() as i64),
+        Col::PromptIds => int_lists(rows.iter().map(|r| vec![r.prompt_ids.as_slice()])),
+        Col::ResponseIds => int_lists(rows.iter().map(|r| vec![r.response_ids.as_slice()])),
+        Col::Tokens => int_lists(
+            rows.iter()
+                .map(|r| vec![r.prompt_ids.as_slice(), r.response_ids.as_slice()]),
+        ),
+        Col::LossMask => int_lists(rows.iter().map(|r| vec![r.loss_mask.as_slice()])),
+        Col::Logprobs => Arc::new(ListArray::new(
+            Arc::new(Field::new("item", DataType::Float32, true)),
+            OffsetBuffer::from_lengths(rows.iter().map(|r| r.logprobs.len())),
+            Arc::new(Float32Array::from_iter_values(
+                rows.iter().flat_map(|r| r.logprobs.iter().copied()),
+            )),
+            None,
+        )),
+        Col::Reward => Arc::new(Float64Array::from_iter(rows.iter().map(|r| r.reward))),
+        Col::Sequences => Arc::new(ListArray::new(
+            Arc::new(Field::new("item", DataType::Int64, true)),
+            OffsetBuffer::from_lengths(rows.iter().map(|r| r.sequences.len())),
+            Arc::new(Int64Array::from_iter_values(
+                rows.iter().flat_map(|r| r.sequences.iter().copied()),
+            )),
+            None,
+        )),
+        // AgentLoopMetrics' own defaults: not measured.
+        Col::VerlMetrics => Arc::new(StructArray::new(
+            verl_metrics_fields(),
+            vec![
+                floats(0.0),
+                floats(0.0),
+                floats(0.0),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|_| -1))),
+            ],
+            None,
+        )),
+        Col::Extra(cols) => Arc::new(StructArray::new(
+            extra_fields(cols),
+            cols.iter().map(|&(_, c)| column(c, rows)).collect(),
+            None,
+        )),
+    }
+}
+
+fn batch(t: Trainer, rows: &[RlSample]) -> Result<RecordBatch, arrow::error::ArrowError> {
     let cols = columns(t)
         .into_iter()
-        .map(|(_, c)| match c {
-            Col::SampleId => strs(|r| Some(&r.sample_id)),
-            Col::RolloutId => strs(|r| Some(&r.rollout_id)),
-            Col::Group => strs(|r| Some(&r.group)),
-            Col::Status => strs(|r| r.status.as_deref()),
-            Col::Model => strs(|r| r.model.as_deref()),
-            Col::Segment => ints(|r| r.segment),
-            Col::GroupIndex => ints(|r| r.group_index),
-            Col::Index => ints(|r| r.index),
-            Col::ResponseLength => ints(|r| r.response_ids.len() as i64),
-            Col::PromptIds => int_lists(rows.iter().map(|r| vec![r.prompt_ids.as_slice()])),
-            Col::ResponseIds => int_lists(rows.iter().map(|r| vec![r.response_ids.as_slice()])),
-            Col::Tokens => int_lists(
-                rows.iter()
-                    .map(|r| vec![r.prompt_ids.as_slice(), r.response_ids.as_slice()]),
-            ),
-            Col::LossMask => int_lists(rows.iter().map(|r| vec![r.loss_mask.as_slice()])),
-            Col::Logprobs => Arc::new(ListArray::new(
-                Arc::new(Field::new("item", DataType::Float32, true)),
-                OffsetBuffer::from_lengths(rows.iter().map(|r| r.logprobs.len())),
-                Arc::new(Float32Array::from_iter_values(
-                    rows.iter().flat_map(|r| r.logprobs.iter().copied()),
-                )),
-                None,
-            )),
-            Col::Reward => Arc::new(Float64Array::from_iter(rows.iter().map(|r| r.reward))),
-            Col::Sequences => Arc::new(ListArray::new(
-                Arc::new(Field::new("item", DataType::Int64, true)),
-                OffsetBuffer::from_lengths(rows.iter().map(|r| r.sequences.len())),
-                Arc::new(Int64Array::from_iter_values(
-                    rows.iter().flat_map(|r| r.sequences.iter().copied()),
-                )),
-                None,
-            )),
-        })
+        .map(|(_, c)| column(c, rows))
         .collect();
     RecordBatch::try_new(schema(t), cols)
 }
@@ -311,6 +429,7 @@ pub fn export(shards: &Path, out: &Path, opts: &RlOptions) -> Result<Report, Exp
     let mut log = MismatchLog::create(out, "rl")?;
     let mut w = ParquetOut::create(out.join("rl.parquet"), schema(opts.trainer))?;
     let mut groups: HashMap<String, i64> = HashMap::new();
+    let mut rollout_numbers: HashMap<String, i64> = HashMap::new();
     let mut pending: Vec<RlSample> = vec![];
     let mut mm = vec![];
     let mut pending_tokens = 0usize;
@@ -318,6 +437,8 @@ pub fn export(shards: &Path, out: &Path, opts: &RlOptions) -> Result<Report, Exp
         for mut s in rollout_samples(calls, info, opts, &mut report, &mut mm) {
             let next = groups.len() as i64;
             s.group_index = *groups.entry(s.group.clone()).or_insert(next);
+            let next = rollout_numbers.len() as i64;
+            s.rollout_index = *rollout_numbers.entry(s.rollout_id.clone()).or_insert(next);
             s.index = report.samples as i64;
             report.samples += 1;
             pending_tokens += s.prompt_ids.len() + s.response_ids.len();
@@ -453,34 +574,45 @@ mod tests {
                 .map(|f| f.name().clone())
                 .collect::<Vec<_>>()
         };
-        for n in [
-            "uid",
-            "prompt_ids",
-            "response_ids",
-            "response_mask",
-            "rollout_log_probs",
-        ] {
-            assert!(names(Trainer::Verl).contains(&n.to_owned()), "verl {n}");
-        }
-        for n in [
-            "tokens",
-            "response_length",
-            "loss_mask",
-            "rollout_log_probs",
-            "reward",
-            "group_index",
-        ] {
-            assert!(names(Trainer::Slime).contains(&n.to_owned()), "slime {n}");
-        }
-        for n in [
-            "prompt_ids",
-            "completion_ids",
-            "completion_mask",
-            "old_per_token_logps",
-            "reward",
-        ] {
+        // Exactly the trainers' own field names (verl's AgentLoopOutput,
+        // slime's Sample): anything else is dropped or rejected there.
+        assert_eq!(
+            names(Trainer::Verl),
+            [
+                "prompt_ids",
+                "response_ids",
+                "response_mask",
+                "response_logprobs",
+                "reward_score",
+                "num_turns",
+                "metrics",
+                "extra_fields"
+            ]
+        );
+        assert_eq!(
+            names(Trainer::Slime),
+            [
+                "group_index",
+                "index",
+                "rollout_id",
+                "tokens",
+                "response_length",
+                "loss_mask",
+                "rollout_log_probs",
+                "reward",
+                "status",
+                "metadata"
+            ]
+        );
+        for n in ["prompt_ids", "completion_ids", "env_mask", "logprobs", "reward"] {
             assert!(names(Trainer::Trl).contains(&n.to_owned()), "trl {n}");
         }
+        assert_eq!(slime_status(Some("success")), "completed");
+        assert_eq!(slime_status(Some("failure")), "completed");
+        assert_eq!(slime_status(Some("timeout")), "truncated");
+        assert_eq!(slime_status(Some("cancelled")), "aborted");
+        assert_eq!(slime_status(None), "aborted");
+        assert_eq!(slime_status(Some("failed")), "failed");
         let s = RlSample {
             sample_id: "r:0".into(),
             rollout_id: "r".into(),
@@ -488,6 +620,8 @@ mod tests {
             group: "g".into(),
             group_index: 0,
             index: 0,
+            rollout_index: 0,
+            num_turns: 2,
             prompt_ids: vec![1, 2],
             response_ids: vec![3],
             loss_mask: vec![1],
