@@ -870,7 +870,7 @@ impl VerlWriter {
 }
 
 enum Writer {
-    Generic(SftWriter),
+    Generic(Box<SftWriter>),
     Verl(VerlWriter),
 }
 
@@ -897,7 +897,7 @@ pub fn export(shards: &Path, out: &Path, opts: &SftOptions) -> Result<Report, Ex
     };
     let mut log = MismatchLog::create(out, "sft")?;
     let mut w = match opts.trainer {
-        SftTrainer::Generic => Writer::Generic(SftWriter::create(out, opts.arguments)?),
+        SftTrainer::Generic => Writer::Generic(Box::new(SftWriter::create(out, opts.arguments)?)),
         SftTrainer::Verl => Writer::Verl(VerlWriter::create(out, opts.arguments)?),
     };
     let mut tokens = TokenWriter::new(out.join("sft_tokens.parquet"));
