@@ -180,7 +180,9 @@ enum ModelCommand {
 #[derive(Subcommand)]
 enum ExportCommand {
     /// One conversation per trajectory segment, OpenAI chat format with
-    /// tools and per-message loss weights: OUT/sft.parquet and OUT/sft.jsonl.
+    /// tools and per-message loss weights: OUT/sft.parquet and OUT/sft.jsonl
+    /// (or OUT/verl/sft-*.parquet), and OUT/sft_tokens.parquet (the captured
+    /// token ids) when calls have token ids.
     Sft {
         #[arg(long)]
         shards: PathBuf,
@@ -199,6 +201,15 @@ enum ExportCommand {
         /// Finish-metadata key naming a rollout's group (default: group, then task).
         #[arg(long)]
         group_by: Option<String>,
+        /// How tool-call arguments are written: the parsed JSON value
+        /// (arguments that are not JSON stay the model's string), or the
+        /// JSON string the model produced.
+        #[arg(long, value_enum, default_value = "object")]
+        arguments: crate::export::sft::Arguments,
+        /// Files to write: sft.parquet + sft.jsonl, or verl/sft-*.parquet
+        /// (native nested columns for verl's MultiTurnSFTDataset).
+        #[arg(long, value_enum, default_value = "generic")]
+        trainer: crate::export::sft::SftTrainer,
     },
     /// Token-exact samples (prompt ids, interleaved response ids, loss mask,
     /// logprobs, reward, group): OUT/rl.parquet.
@@ -253,12 +264,16 @@ fn export_cmd(cmd: Command) -> Result<(), Box<dyn std::error::Error>> {
                     step_scores,
                     truncate_failed,
                     group_by,
+                    arguments,
+                    trainer,
                 } => {
                     let opts = sft::SftOptions {
                         filters,
                         step_scores: step_scores.as_deref().map(StepScores::load).transpose()?,
                         truncate_failed,
                         group_by,
+                        arguments,
+                        trainer,
                     };
                     let r = sft::export(&shards, &out, &opts)?;
                     (out, r)

@@ -11,10 +11,12 @@
 
 pub mod credit;
 pub mod inspect;
+pub mod native;
 pub mod orchard;
 pub mod read;
 pub mod rl;
 pub mod sft;
+pub mod sft_tokens;
 pub mod time;
 pub mod trajectory;
 
@@ -196,6 +198,9 @@ pub struct Report {
     /// Sample count per rule.
     pub rules: BTreeMap<String, usize>,
     pub files: Vec<String>,
+    /// SFT only: its own counts (flattened into the report).
+    #[serde(flatten)]
+    pub sft: Option<sft::SftCounts>,
 }
 
 impl Report {
@@ -426,7 +431,7 @@ mod determinism_tests {
             files
         };
         let (a, b) = (run("a"), run("b"));
-        assert_eq!(a.len(), 5);
+        assert_eq!(a.len(), 6);
         for ((na, ba), (nb, bb)) in a.iter().zip(&b) {
             assert_eq!(na, nb);
             assert!(ba == bb, "{na} differs between two exports");

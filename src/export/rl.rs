@@ -102,7 +102,9 @@ pub fn rollout_samples(
             report.filtered += 1;
             continue;
         }
-        let mut s = RlSample {
+        let t = interleave(&seg_calls);
+        report.missing_logprobs += t.missing_logprobs;
+        out.push(RlSample {
             sample_id: format!("{rollout_id}:{}", seg.index),
             rollout_id: rollout_id.to_owned(),
             segment: seg.index as i64,
@@ -114,46 +116,74 @@ pub fn rollout_samples(
                 .turns
                 .last()
                 .map_or(0, |&k| turns[k].messages.len() as i64 + 1),
-            prompt_ids: vec![],
-            response_ids: vec![],
-            loss_mask: vec![],
-            logprobs: vec![],
+            prompt_ids: t.prompt_ids,
+            response_ids: t.response_ids,
+            loss_mask: t.loss_mask,
+            logprobs: t.logprobs,
             reward: meta.reward,
             status: meta.status,
             model: meta.model,
             sequences: seg_calls.iter().map(|c| c.sequence).collect(),
-        };
-        let mut seen = 0usize; // prompt + completion tokens of the previous call
-        for (k, c) in seg_calls.iter().enumerate() {
-            let (Some(p), Some(comp)) = (&c.prompt_ids, &c.completion_ids) else {
-                continue;
-            };
-            if k == 0 {
-                s.prompt_ids = p.clone();
-            } else {
-                let obs = p.get(seen..).unwrap_or(&[]);
-                s.response_ids.extend_from_slice(obs);
-                s.loss_mask.extend(std::iter::repeat_n(0, obs.len()));
-                s.logprobs.extend(std::iter::repeat_n(0.0, obs.len()));
-            }
-            s.response_ids.extend_from_slice(comp);
-            s.loss_mask.extend(std::iter::repeat_n(1, comp.len()));
-            for j in 0..comp.len() {
-                let lp = c
-                    .completion_logprobs
-                    .as_ref()
-                    .and_then(|l| l.get(j).copied())
-                    .filter(|x| !x.is_nan());
-                if lp.is_none() {
-                    report.missing_logprobs += 1;
-                }
-                s.logprobs.push(lp.map_or(f32::NAN, |x| x as f32));
-            }
-            seen = p.len() + comp.len();
-        }
-        out.push(s);
+        });
     }
     out
+}
+
+/// The token-exact ids of a segment's calls (see the module docs).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Interleaved {
+    /// The first call's prompt ids.
+    pub prompt_ids: Vec<i32>,
+    /// Completions and observation tokens, interleaved.
+    pub response_ids: Vec<i32>,
+    /// 1 on sampled (completion) tokens, 0 on observations.
+    pub loss_mask: Vec<i32>,
+    /// The rollout's logprobs on sampled tokens (NaN where missing), 0.0 on observations.
+    pub logprobs: Vec<f32>,
+    /// Per call: where its completion lies in `response_ids` (empty for a call without ids).
+    pub completions: Vec<std::ops::Range<usize>>,
+    /// Sampled tokens whose logprob was not recorded.
+    pub missing_logprobs: usize,
+}
+
+/// Interleave a segment's calls (in order, each extending the one before)
+/// into prompt ids and response ids with their loss mask and logprobs.
+/// Calls without token ids are skipped.
+pub fn interleave(seg_calls: &[&CallRec]) -> Interleaved {
+    let mut s = Interleaved::default();
+    let mut seen = 0usize; // prompt + completion tokens of the previous call
+    for (k, c) in seg_calls.iter().enumerate() {
+        let (Some(p), Some(comp)) = (&c.prompt_ids, &c.completion_ids) else {
+            s.completions
+                .push(s.response_ids.len()..s.response_ids.len());
+            continue;
+        };
+        if k == 0 {
+            s.prompt_ids = p.clone();
+        } else {
+            let obs = p.get(seen..).unwrap_or(&[]);
+            s.response_ids.extend_from_slice(obs);
+            s.loss_mask.extend(std::iter::repeat_n(0, obs.len()));
+            s.logprobs.extend(std::iter::repeat_n(0.0, obs.len()));
+        }
+        let start = s.response_ids.len();
+        s.response_ids.extend_from_slice(comp);
+        s.completions.push(start..s.response_ids.len());
+        s.loss_mask.extend(std::iter::repeat_n(1, comp.len()));
+        for j in 0..comp.len() {
+            let lp = c
+                .completion_logprobs
+                .as_ref()
+                .and_then(|l| l.get(j).copied())
+                .filter(|x| !x.is_nan());
+            if lp.is_none() {
+                s.missing_logprobs += 1;
+            }
+            s.logprobs.push(lp.map_or(f32::NAN, |x| x as f32));
+        }
+        seen = p.len() + comp.len();
+    }
+    s
 }
 
 #[derive(Clone, Copy)]
