@@ -13,6 +13,7 @@ use common::*;
 use hyper::body::Frame;
 use serde_json::Value;
 use std::io::{Read, Write};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 fn sse(events: &[&str]) -> upstream::Reply {
@@ -236,21 +237,32 @@ fn hook_file(dir: &std::path::Path, state: &str) -> std::path::PathBuf {
     p
 }
 
-/// The crash test's deterministic half: with the WAL stalled, a whole body
-/// and a stream's terminal chunk are withheld until the WAL has the call.
+/// The crash test's deterministic half: with the WAL stalled, a whole body,
+/// a stream's terminal chunk, and the head of a stream that started during
+/// the stall are withheld until the WAL has what they depend on (so a call
+/// whose head a client saw is always on disk, and a SIGKILL leaves it as an
+/// `incomplete` row).
 #[tokio::test]
 async fn answers_wait_for_the_wal() {
-    let up = upstream::start(|s| {
-        if String::from_utf8_lossy(&s.body).contains("\"stream\":true") {
-            sse(&[
-                "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"part\"}}]}\n\n",
-                "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n",
-            ])
-        } else {
-            upstream::whole(200, "application/json", r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"whole"}}]}"#)
+    type Tail = tokio::sync::mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>;
+    let tails: Arc<Mutex<Vec<Tail>>> = Arc::default();
+    let up = upstream::start({
+        let tails = tails.clone();
+        move |s| {
+            if String::from_utf8_lossy(&s.body).contains("\"stream\":true") {
+                // The first chunk now; the terminal one when the test says.
+                let (tx, rx) = tokio::sync::mpsc::channel(4);
+                let part = "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"part\"}}]}\n\n";
+                tx.try_send(Ok(Frame::data(Bytes::from(part)))).unwrap();
+                tails.lock().unwrap().push(tx);
+                (200, vec![("content-type", "text/event-stream".to_owned())], rx)
+            } else {
+                upstream::whole(200, "application/json", r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"whole"}}]}"#)
+            }
         }
     })
     .await;
+    let end = "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";
     let dir = tempfile::tempdir().unwrap();
     let hook = hook_file(dir.path(), "");
     let px = proxy_env(
@@ -260,6 +272,17 @@ async fn answers_wait_for_the_wal() {
         &[("ROLLCALL_TEST_WAL_HOOK", hook.to_str().unwrap())],
     );
     let c = client();
+    let stream_req = |c: &reqwest::Client| {
+        c.post(format!("{}/rollouts/w1/v1/chat/completions", px.url))
+            .body(r#"{"model":"m","messages":[],"stream":true}"#)
+            .send()
+    };
+    // A stream whose start is in the WAL: head and first chunk flow.
+    let mut stream = stream_req(&c).await.unwrap();
+    let mut got = Vec::new();
+    let first = stream.chunk().await.unwrap().unwrap();
+    got.extend_from_slice(&first);
+    assert!(String::from_utf8_lossy(&got).contains("part"));
     std::fs::write(&hook, "stall").unwrap();
     let whole = tokio::spawn({
         let (c, url) = (c.clone(), px.url.clone());
@@ -274,17 +297,16 @@ async fn answers_wait_for_the_wal() {
                 .unwrap()
         }
     });
-    let mut stream = c
-        .post(format!("{}/rollouts/w1/v1/chat/completions", px.url))
-        .body(r#"{"model":"m","messages":[],"stream":true}"#)
-        .send()
-        .await
-        .unwrap();
-    let mut got = Vec::new();
-    let first = stream.chunk().await.unwrap().unwrap();
-    got.extend_from_slice(&first);
-    assert!(String::from_utf8_lossy(&got).contains("part"));
-    // Nothing more while the WAL is stalled: no terminal chunk, no whole body.
+    let late = tokio::spawn({
+        let c = c.clone();
+        let f = stream_req(&c);
+        async move { f.await.unwrap() }
+    });
+    let tail = tails.lock().unwrap().remove(0);
+    tail.send(Ok(Frame::data(Bytes::from(end)))).await.unwrap();
+    drop(tail);
+    // Nothing more while the WAL is stalled: no terminal chunk, no whole
+    // body, no head for the stream that began during the stall.
     let more = tokio::time::timeout(Duration::from_millis(800), stream.chunk()).await;
     assert!(
         more.is_err(),
@@ -294,13 +316,26 @@ async fn answers_wait_for_the_wal() {
         !whole.is_finished(),
         "the whole body went out before the WAL had the call"
     );
+    assert!(
+        !late.is_finished(),
+        "a stream's head went out before the WAL had its start"
+    );
     std::fs::write(&hook, "").unwrap();
     while let Some(c) = stream.chunk().await.unwrap() {
         got.extend_from_slice(&c);
     }
     assert!(String::from_utf8_lossy(&got).ends_with("data: [DONE]\n\n"));
     assert!(String::from_utf8_lossy(&whole.await.unwrap()).contains("whole"));
-    let rows = rows_when(dir.path(), 2).await;
+    let mut late = late.await.unwrap();
+    let tail = tails.lock().unwrap().remove(0);
+    tail.send(Ok(Frame::data(Bytes::from(end)))).await.unwrap();
+    drop(tail);
+    let mut got = Vec::new();
+    while let Some(c) = late.chunk().await.unwrap() {
+        got.extend_from_slice(&c);
+    }
+    assert!(String::from_utf8_lossy(&got).ends_with("data: [DONE]\n\n"));
+    let rows = rows_when(dir.path(), 3).await;
     assert!(rows.iter().all(|r| r["status"] == "ok"));
     px.stop();
 }

@@ -383,7 +383,8 @@ fn column(c: Col, rows: &[RlSample]) -> ArrayRef {
     let ints = |f: fn(&RlSample) -> i64| -> ArrayRef {
         Arc::new(Int64Array::from_iter_values(rows.iter().map(f)))
     };
-    let floats = |v: f64| -> ArrayRef { Arc::new(Float64Array::from_iter_values(rows.iter().map(|_| v))) };
+    let floats =
+        |v: f64| -> ArrayRef { Arc::new(Float64Array::from_iter_values(rows.iter().map(|_| v))) };
     match c {
         Col::SampleId => strs(|r| Some(&r.sample_id)),
         Col::RolloutId => strs(|r| Some(&r.rollout_id)),
@@ -634,7 +635,13 @@ mod tests {
                 "metadata"
             ]
         );
-        for n in ["prompt_ids", "completion_ids", "env_mask", "logprobs", "reward"] {
+        for n in [
+            "prompt_ids",
+            "completion_ids",
+            "env_mask",
+            "logprobs",
+            "reward",
+        ] {
             assert!(names(Trainer::Trl).contains(&n.to_owned()), "trl {n}");
         }
         assert_eq!(slime_status(Some("success")), "completed");

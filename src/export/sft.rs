@@ -748,10 +748,11 @@ fn verl_row(s: SftSample, args: Arguments) -> Option<((DataType, DataType), Verl
         }
         Err(_) => return None,
     };
-    let (tools, t_ty) = match &s.tools {
-        None => (Value::Null, DataType::Null),
-        Some(t) => (t.clone(), native::exact(t).ok()?.0),
-    };
+    // No tools is an empty list, not null: pandas reads a null as `pd.NA`,
+    // which `apply_chat_template(tools=...)` would try to iterate; an empty
+    // list renders no tools block.
+    let tools = s.tools.clone().unwrap_or_else(|| Value::Array(vec![]));
+    let t_ty = native::exact(&tools).ok()?.0;
     Some((
         (m_ty, t_ty),
         VerlRow {
@@ -1115,7 +1116,11 @@ mod tests {
         );
         let ((m_ty, t_ty), row, as_string) = verl_row(two, Arguments::Object).expect("strings");
         assert!(as_string);
-        assert_eq!(t_ty, DataType::Null);
+        assert_eq!(
+            t_ty.to_string(),
+            DataType::new_list(DataType::Null, true).to_string(),
+            "no tools: an empty list"
+        );
         assert_eq!(
             row.messages[1]["tool_calls"][1]["function"]["arguments"],
             json!("{\"path\": \"a\", \"text\": \"b\"}")

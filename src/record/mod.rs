@@ -31,7 +31,7 @@ pub use row::{CallRow, RolloutRow};
 pub const SCHEMA_VERSION: i32 = 2;
 
 /// Why recording failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum RecordError {
     /// the recorder has shut down
     #[error("the recorder has shut down")]
@@ -345,7 +345,11 @@ impl RecorderStats {
 }
 
 pub(crate) enum WalMsg {
-    Begin(Arc<CallBegin>),
+    /// A call's start, with an ack once it is in the WAL.
+    Begin(
+        Arc<CallBegin>,
+        Option<oneshot::Sender<Result<(), RecordError>>>,
+    ),
     End {
         outcome: CallOutcome,
         response: Bytes,
@@ -397,12 +401,20 @@ impl Recorder {
         ))
     }
 
-    /// Log a call's start. Waits only for queue space.
-    pub async fn begin(&self, begin: Arc<CallBegin>) -> Result<(), RecordError> {
+    /// Log a call's start. Waits only for queue space; the returned future
+    /// resolves once the start is in the WAL (or with the write's error), so
+    /// a stream's head can wait for it: a call whose head a client saw is
+    /// always on disk.
+    pub async fn begin(
+        &self,
+        begin: Arc<CallBegin>,
+    ) -> Result<impl std::future::Future<Output = Result<(), RecordError>>, RecordError> {
+        let (ack, done) = oneshot::channel();
         self.tx
-            .send(WalMsg::Begin(begin))
+            .send(WalMsg::Begin(begin, Some(ack)))
             .await
-            .map_err(|_| RecordError::Closed)
+            .map_err(|_| RecordError::Closed)?;
+        Ok(async move { done.await.unwrap_or(Err(RecordError::Closed)) })
     }
 
     /// Log a call's end and wait until it is in the WAL.

@@ -401,6 +401,8 @@ type Ack = tokio::sync::oneshot::Sender<Result<(), RecordError>>;
 #[derive(Default)]
 struct Batch {
     begun: Vec<Arc<CallBegin>>,
+    /// The proxy's acks of the starts in this batch.
+    begun_acks: Vec<Ack>,
     /// Ends, with the proxy's ack (none for an end written again).
     ended: Vec<(ShardItem, Option<Ack>)>,
     finished: Vec<(ShardItem, Ack)>,
@@ -447,8 +449,9 @@ fn run(
         }
         for msg in msgs.drain(..) {
             match msg {
-                WalMsg::Begin(begin) => {
+                WalMsg::Begin(begin, ack) => {
                     encode_begin(&mut buf, &begin);
+                    batch.begun_acks.extend(ack);
                     *w.unpublished.entry(w.segment).or_insert(0) += 1;
                     w.pending
                         .insert(begin.meta.call_id.clone(), (w.segment, begin.clone()));
@@ -543,6 +546,9 @@ fn commit(w: &mut Writer, batch: Batch, shard_tx: &std::sync::mpsc::SyncSender<S
     if w.stats.clear_wal_error() {
         tracing::info!("write-ahead log writes succeed again; recording resumed");
     }
+    for ack in batch.begun_acks {
+        let _ = ack.send(Ok(()));
+    }
     let finished = batch.finished.into_iter().map(|(i, a)| (i, Some(a)));
     let items: Vec<(ShardItem, Option<Ack>)> = batch.ended.into_iter().chain(finished).collect();
     // Count rows as unpublished before anyone learns they are acknowledged.
@@ -574,6 +580,11 @@ fn fail(w: &mut Writer, batch: Batch, e: &std::io::Error) {
     w.repair();
     w.rewrite = batch.begun;
     let err = RecordError::Wal(e.to_string());
+    // The starts are written again with the next batch; a stream waiting
+    // on one learns now that it is not on disk yet.
+    for ack in batch.begun_acks {
+        let _ = ack.send(Err(err.clone()));
+    }
     for (item, ack) in batch.ended {
         if let ShardItem::Call { segment, mut call } = item {
             // An end written again is already what it will be recorded as.

@@ -137,6 +137,10 @@ pub fn rewrite_model(body: &[u8], model: &str) -> Option<Bytes> {
 /// explicitly; when its future or task is dropped instead (the harness hung
 /// up, or a bug unwound it), `Drop` records it as `client_disconnected` (or
 /// `internal`) at once, so that no call stays open in the write-ahead log.
+type BeginWritten = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<(), crate::record::RecordError>> + Send>,
+>;
+
 struct Call {
     state: Arc<State>,
     api: WireApi,
@@ -144,6 +148,8 @@ struct Call {
     started: Instant,
     first_byte_at: Option<i64>,
     began: bool,
+    /// Resolves once its start is in the WAL (taken by `start_written`).
+    begin_written: Option<BeginWritten>,
     /// Its end is queued for the WAL.
     ended: bool,
     /// The upstream's body, recorded beside the harness's when they differ.
@@ -159,6 +165,7 @@ impl Call {
             started,
             first_byte_at: None,
             began: false,
+            begin_written: None,
             ended: false,
             upstream_response: None,
         }
@@ -166,10 +173,32 @@ impl Call {
 
     async fn log_begin(&mut self) {
         if !self.began {
-            if let Err(e) = self.state.recorder.begin(self.begin.clone()).await {
-                tracing::error!(error = %e, "could not log call start");
+            match self.state.recorder.begin(self.begin.clone()).await {
+                Ok(written) => self.begin_written = Some(Box::pin(written)),
+                Err(e) => tracing::error!(error = %e, "could not log call start"),
             }
             self.began = true;
+        }
+    }
+
+    /// Wait until the call's start is in the WAL, so that a stream's head
+    /// is never seen by a client for a call that has no record (a SIGKILL
+    /// then leaves an `incomplete` row). Usually already done: the start
+    /// was queued before the upstream was asked. Under
+    /// `on_wal_error = "fail"`, a start the WAL could not take is the
+    /// harness's 503 instead of the head.
+    async fn start_written(&mut self) -> Result<(), ApiError> {
+        self.log_begin().await;
+        let Some(written) = self.begin_written.take() else {
+            return Ok(());
+        };
+        let Err(e) = written.await else {
+            return Ok(());
+        };
+        tracing::error!(error = %e, call_id = %self.begin.meta.call_id, "could not record the call's start");
+        match self.state.config.shards.on_wal_error {
+            OnWalError::Serve => Ok(()),
+            OnWalError::Fail => Err(crate::record::unrecorded_error(&e)),
         }
     }
 
@@ -326,6 +355,7 @@ impl Drop for Call {
         let upstream = self.upstream_response.take();
         rt.spawn(async move {
             if let Some(b) = begin {
+                // Queued ahead of the end; no need to wait for it.
                 let _ = recorder.begin(b).await;
             }
             let _ = recorder.end(outcome, Bytes::new(), upstream).await;
@@ -588,6 +618,10 @@ pub async fn proxy(
     response_headers(resp.headers(), out.headers_mut());
     let max_response = state.config.server.max_response_bytes;
     if is_sse && status.is_success() {
+        // The head goes out now, before the end: the start must be on disk.
+        if let Err(err) = call.start_written().await {
+            return call.fail(FailureClass::Internal, err).await;
+        }
         let (tx, rx) = mpsc::channel(64);
         let abort = Abort::default();
         *out.body_mut() = ProxyBody::Abortable(rx, abort.clone(), None);

@@ -126,10 +126,11 @@ def test_exports_load_everywhere(shards, tmp_path):
     assert [m["role"] for m in a["messages"]] == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
     assert a["loss_weights"] == [1.0 if m["role"] == "assistant" else 0.0 for m in a["messages"]]
     assert a["messages"][2]["tool_calls"][0]["function"]["name"] == "bash"
-    assert json.loads(a["messages"][2]["tool_calls"][0]["function"]["arguments"]) == {"command": "echo hello"}
+    # Arguments and tools come back as the recorded objects (arrow.json columns).
+    assert a["messages"][2]["tool_calls"][0]["function"]["arguments"] == {"command": "echo hello"}
     assert a["messages"][3]["tool_call_id"] == a["messages"][2]["tool_calls"][0]["id"]
     assert a["messages"][-1]["content"].startswith("Done.")
-    assert json.loads(a["tools"])[0]["function"]["name"] == "bash"
+    assert a["tools"][0]["function"]["name"] == "bash"
     assert (a["reward"], a["status"], a["harness"], a["rule"], a["model"]) == (1.0, "success", "scripted-agent", "full", "scripted")
     assert rows["tok-b:0"]["reward"] == 0.0
     assert rows["plain-c:0"]["harness"].startswith("OpenAI/Python")
@@ -211,24 +212,34 @@ def test_exports_load_everywhere(shards, tmp_path):
     assert ok
 
     shapes = {
-        "verl": ["uid", "prompt_ids", "response_ids", "response_mask", "rollout_log_probs", "reward"],
-        "slime": ["tokens", "response_length", "loss_mask", "rollout_log_probs", "reward", "group_index"],
-        "trl": ["prompt_ids", "completion_ids", "completion_mask", "old_per_token_logps", "reward"],
+        "verl": ["prompt_ids", "response_ids", "response_mask", "response_logprobs", "reward_score",
+                 "num_turns", "metrics", "extra_fields"],
+        "slime": ["group_index", "index", "rollout_id", "tokens", "response_length", "loss_mask",
+                  "rollout_log_probs", "reward", "status", "metadata"],
+        "trl": ["prompt_ids", "completion_ids", "env_mask", "logprobs", "reward"],
     }
     for trainer, cols in shapes.items():
         o = tmp_path / f"rl-{trainer}"
-        cli("export", "rl", "--shards", str(shards), "--out", str(o), "--trainer", trainer)
+        cli("export", "rl", "--shards", str(shards), "--out", str(o), "--trainer", trainer,
+            "--missing-reward", "zero")
         d = datasets.load_dataset("parquet", data_files=str(o / "rl.parquet"))["train"]
         assert set(cols) <= set(d.column_names), (trainer, d.column_names)
-        row = by_id(d.to_list())["tok-a:0"]
+        sid = {"verl": lambda r: r["extra_fields"]["sample_id"],
+               "slime": lambda r: r["metadata"]["sample_id"]}.get(trainer, lambda r: r["sample_id"])
+        got = {sid(r): r for r in d.to_list()}
+        row = got["tok-a:0"]
         if trainer == "slime":
             assert row["tokens"] == rl["tok-a:0"]["prompt_ids"] + rl["tok-a:0"]["response_ids"]
             assert row["response_length"] == len(rl["tok-a:0"]["response_ids"])
-            assert by_id(d.to_list())["tok-b:0"]["group_index"] == row["group_index"]
+            assert got["tok-b:0"]["group_index"] == row["group_index"]
+            assert row["status"] == "completed" and got["open-e:0"]["status"] == "aborted"
+            assert got["compact:0"]["rollout_id"] == got["compact:1"]["rollout_id"] != row["rollout_id"]
         elif trainer == "verl":
-            assert row["uid"] == "task-1" and row["response_mask"] == rl["tok-a:0"]["loss_mask"]
+            assert row["extra_fields"]["uid"] == "task-1" and row["response_mask"] == rl["tok-a:0"]["loss_mask"]
+            assert row["reward_score"] == 1.0 and got["open-e:0"]["reward_score"] == 0.0
         else:
             assert row["completion_ids"] == rl["tok-a:0"]["response_ids"]
+            assert row["env_mask"] == rl["tok-a:0"]["loss_mask"]
 
     # ------------------------------------------------------------ Orchard
     o_out = tmp_path / "orchard"
