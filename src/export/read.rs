@@ -1,18 +1,23 @@
 //! Reading shards for the exports, in bounded memory.
 //!
 //! Calls are streamed out of `calls/*.parquet` (only the columns the exports
-//! use), hash-partitioned by `rollout_id` into spill files, and handed back
-//! one partition at a time, each sorted by (`rollout_id`, `sequence`). Small
-//! inputs (one partition) never touch the disk. Rollout finish rows are few
-//! (one per rollout) and are held in a map, latest finish per rollout.
+//! use), hash-partitioned by their rollout's *group* ([`Groups`]: the finish
+//! rows are read first) into spill files, and handed back one partition at a
+//! time, each sorted by (`rollout_id`, `sequence`) and split into rollouts
+//! ordered by (group, `rollout_id`) ([`by_group`]). So every group's
+//! rollouts are in one partition and contiguous, however many calls there
+//! are. Small inputs (one partition) never touch the disk. Rollout finish
+//! rows are few (one per rollout) and are held in a map, latest finish per
+//! rollout.
 
+use super::progress::Progress;
 use super::ExportError;
 use crate::record::shard::list_shards;
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Float64Type, Int32Type, Int64Type, TimestampMicrosecondType};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -262,6 +267,32 @@ pub fn count_calls(dir: &Path) -> Result<usize, ExportError> {
     Ok(n)
 }
 
+/// The group of every rollout ([`super::group_of`]), by rollout id.
+#[derive(Debug, Default, Clone)]
+pub struct Groups(HashMap<String, String>);
+
+impl Groups {
+    /// Groups from the finish rows, keyed by finish metadata `group_by`
+    /// (default `group`, then `task`).
+    pub fn new(rollouts: &BTreeMap<String, RolloutInfo>, group_by: Option<&str>) -> Groups {
+        Groups(
+            rollouts
+                .iter()
+                .filter_map(|(id, info)| {
+                    let g = super::group_of(id, Some(info), group_by);
+                    (g != *id).then(|| (id.clone(), g))
+                })
+                .collect(),
+        )
+    }
+
+    /// The group of a rollout: its own id when it has no finish row or no
+    /// group key.
+    pub fn of<'a>(&'a self, rollout_id: &'a str) -> &'a str {
+        self.0.get(rollout_id).map_or(rollout_id, String::as_str)
+    }
+}
+
 /// FNV-1a: a stable hash, so partitions (and output order) never change
 /// between runs.
 pub fn stable_hash(s: &str) -> u64 {
@@ -446,12 +477,15 @@ pub const ROWS_PER_PARTITION: usize = 20_000;
 
 impl Partitions {
     /// Read every call of `dir`, keeping those `keep` accepts, into
-    /// partitions (spilled under `scratch` when there are several).
+    /// partitions by the hash of their rollout's group (spilled under
+    /// `scratch` when there are several), counting each call read.
     pub fn load(
         dir: &Path,
         scratch: &Path,
         rows_per_partition: usize,
         keep: impl Fn(&CallRec) -> bool,
+        groups: &Groups,
+        progress: &Progress,
     ) -> Result<Partitions, ExportError> {
         let total = count_calls(dir)?;
         let n = total.div_ceil(rows_per_partition.max(1)).clamp(1, 512);
@@ -459,6 +493,7 @@ impl Partitions {
         if n == 1 {
             let mut v = Vec::new();
             let rows = for_each_call(dir, |c| {
+                progress.call();
                 if keep(&c) {
                     v.push(c);
                 }
@@ -488,12 +523,13 @@ impl Partitions {
             .map_err(io)?;
         let mut buf = Vec::new();
         parts.rows = for_each_call(dir, |c| {
+            progress.call();
             if !keep(&c) {
                 return Ok(());
             }
             buf.clear();
             encode(&c, &mut buf);
-            let w = &mut writers[(stable_hash(&c.rollout_id) % n as u64) as usize];
+            let w = &mut writers[(stable_hash(groups.of(&c.rollout_id)) % n as u64) as usize];
             w.write_all(&(buf.len() as u32).to_le_bytes())
                 .and_then(|()| w.write_all(&buf))
                 .map_err(io)
@@ -562,6 +598,18 @@ pub fn by_rollout(calls: Vec<CallRec>) -> Vec<Vec<CallRec>> {
         }
     }
     out
+}
+
+/// Split a partition's sorted calls into rollouts, ordered by (group,
+/// rollout id): each group's rollouts contiguous.
+pub fn by_group(calls: Vec<CallRec>, groups: &Groups) -> Vec<Vec<CallRec>> {
+    let mut rollouts = by_rollout(calls);
+    let id = |r: &[CallRec]| r.first().map_or(String::new(), |c| c.rollout_id.clone());
+    rollouts.sort_by_cached_key(|r| {
+        let id = id(r);
+        (groups.of(&id).to_owned(), id)
+    });
+    rollouts
 }
 
 #[cfg(test)]
@@ -662,8 +710,15 @@ pub(crate) mod partition_tests {
         rows.push(call_row("r00", 0)); // a duplicate row
         write_now(&cfg, rows).expect("write");
         let collect = |per: usize| {
-            let mut p =
-                Partitions::load(&cfg.dir, &dir.path().join("spill"), per, |_| true).expect("load");
+            let mut p = Partitions::load(
+                &cfg.dir,
+                &dir.path().join("spill"),
+                per,
+                |_| true,
+                &Groups::default(),
+                &Progress::hidden(),
+            )
+            .expect("load");
             let mut out = vec![];
             for i in 0..p.len() {
                 for r in by_rollout(p.take(i).expect("take")) {
@@ -688,7 +743,14 @@ pub(crate) mod partition_tests {
         // The same input gives the same order every time.
         assert_eq!(collect(16).1, many);
         assert!(matches!(
-            Partitions::load(&dir.path().join("nope"), dir.path(), 1, |_| true),
+            Partitions::load(
+                &dir.path().join("nope"),
+                dir.path(),
+                1,
+                |_| true,
+                &Groups::default(),
+                &Progress::hidden()
+            ),
             Err(ExportError::NoDir(_))
         ));
     }

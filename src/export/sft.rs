@@ -3,7 +3,7 @@
 
 use super::credit::{self, Signal, StepScores};
 use super::read::{self, CallRec, RolloutInfo};
-use super::trajectory::{self, content_text, Turn};
+use super::trajectory::{self, content_text};
 use super::{write_err, ExportError, Filters, MismatchLog, Report, SampleMeta};
 use arrow::array::{
     Array, ArrayRef, Float32Array, Float64Array, Int64Array, ListArray, RecordBatch, StringArray,
@@ -324,8 +324,7 @@ pub fn rollout_samples(
         .filter(|c| c.status == "failed")
         .map(|c| c.sequence)
         .collect();
-    let turns: Vec<Turn> = ok.iter().map(|c| Turn::parse(c)).collect();
-    let segs = trajectory::segment(&turns, mismatches);
+    let (turns, segs) = trajectory::rebuild(&ok, true, mismatches);
     report.segments += segs.len();
     let rollout_id = calls.first().map_or("", |c| c.rollout_id.as_str());
     let group = super::group_of(rollout_id, info, opts.group_by.as_deref());
@@ -574,7 +573,11 @@ pub fn export(shards: &Path, out: &Path, opts: &SftOptions) -> Result<Report, Ex
     let mut log = MismatchLog::create(out, "sft")?;
     let mut w = SftWriter::create(out)?;
     let mut mm = vec![];
-    report.calls = super::each_rollout(shards, out, &rollouts, |calls, info| {
+    let pass = super::Pass {
+        label: "export sft",
+        group_by: opts.group_by.as_deref(),
+    };
+    report.calls = super::each_rollout(shards, out, &rollouts, &pass, |calls, info| {
         for s in rollout_samples(calls, info, opts, &mut report, &mut mm) {
             report.samples += 1;
             w.push(s)?;
