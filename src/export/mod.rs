@@ -522,6 +522,49 @@ mod scale_tests {
     }
 
     #[test]
+    fn missing_rewards_are_dropped_zeroed_or_stop_the_export() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = ShardConfig {
+            dir: dir.path().join("shards"),
+            ..ShardConfig::default()
+        };
+        // r0 finished with a reward, r1 finished without one, r2 never.
+        let calls: Vec<_> = (0..3)
+            .map(|r| read::partition_tests::call_row(&format!("r{r}"), 0))
+            .collect();
+        write_now(&cfg, calls).expect("calls");
+        let fin = |rid: &str, reward| RolloutRow {
+            record_id: format!("f-{rid}"),
+            rollout_id: rid.into(),
+            status: "success".into(),
+            reward,
+            metadata: None,
+            finished_at: 1,
+            calls: 1,
+        };
+        write_now(&cfg, vec![fin("r0", Some(1.0)), fin("r1", None)]).expect("rollouts");
+        let export = |m: rl::MissingReward| {
+            let opts = rl::RlOptions {
+                missing_reward: m,
+                ..Default::default()
+            };
+            rl::export(&cfg.dir, &dir.path().join("out"), &opts)
+        };
+        let r = export(rl::MissingReward::Drop).expect("drop");
+        assert_eq!((r.samples, r.missing_reward), (1, 2));
+        let rows = rows_of(&dir.path().join("out").join("rl.parquet"));
+        assert_eq!(rows, vec![("r0".to_owned(), "r0".to_owned())]);
+        let r = export(rl::MissingReward::Zero).expect("zero");
+        assert_eq!((r.samples, r.missing_reward), (3, 2));
+        match export(rl::MissingReward::Error) {
+            Err(e @ ExportError::MissingReward { .. }) => {
+                assert!(e.to_string().contains("\"r1\" has no reward"), "{e}");
+            }
+            other => panic!("expected a missing reward error, got {other:?}"),
+        }
+    }
+
+    #[test]
     fn a_100k_call_export_has_whole_contiguous_groups_of_the_size_asked() {
         let dir = tempfile::tempdir().expect("tempdir");
         let cfg = ShardConfig {
