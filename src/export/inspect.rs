@@ -91,6 +91,7 @@ pub fn summarize(shards: &Path, scratch: &Path) -> Result<Summary, ExportError> 
     let pass = super::Pass {
         label: "inspect",
         group_by: None,
+        tokens_only: false,
     };
     s.calls = super::each_rollout(shards, scratch, &rollouts, &pass, |calls, _| {
         s.rollouts += 1;

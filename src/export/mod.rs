@@ -290,6 +290,10 @@ pub struct Pass<'a> {
     pub label: &'a str,
     /// Finish-metadata key of the group (`group_of`).
     pub group_by: Option<&'a str>,
+    /// Drop the JSON text columns (messages, tools, response message) of
+    /// calls with token ids as they are read: for the RL export, which
+    /// reads only token ids from such calls (half the memory and spill).
+    pub tokens_only: bool,
 }
 
 /// Run `each` over every rollout of `shards` (its calls sorted by sequence,
@@ -312,7 +316,12 @@ pub fn each_rollout(
         shards,
         &scratch,
         read::ROWS_PER_PARTITION,
-        |_| true,
+        |c| {
+            if pass.tokens_only && c.prompt_ids.is_some() && c.completion_ids.is_some() {
+                (c.messages, c.tools, c.response_message) = (None, None, None);
+            }
+            true
+        },
         &groups,
         &progress,
     )?;

@@ -346,6 +346,7 @@ pub fn export(shards: &Path, out: &Path, filters: &Filters) -> Result<Report, Ex
     let pass = super::Pass {
         label: "export orchard",
         group_by: None,
+        tokens_only: false,
     };
     report.calls = super::each_rollout(shards, out, &rollouts, &pass, |calls, info| {
         for s in super::sft::rollout_samples(calls, info, &opts, &mut report, &mut mm) {

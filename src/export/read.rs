@@ -476,14 +476,15 @@ impl Drop for Partitions {
 pub const ROWS_PER_PARTITION: usize = 20_000;
 
 impl Partitions {
-    /// Read every call of `dir`, keeping those `keep` accepts, into
-    /// partitions by the hash of their rollout's group (spilled under
-    /// `scratch` when there are several), counting each call read.
+    /// Read every call of `dir`, keeping those `keep` accepts (it may also
+    /// trim what is kept), into partitions by the hash of their rollout's
+    /// group (spilled under `scratch` when there are several), counting
+    /// each call read.
     pub fn load(
         dir: &Path,
         scratch: &Path,
         rows_per_partition: usize,
-        keep: impl Fn(&CallRec) -> bool,
+        keep: impl Fn(&mut CallRec) -> bool,
         groups: &Groups,
         progress: &Progress,
     ) -> Result<Partitions, ExportError> {
@@ -492,9 +493,9 @@ impl Partitions {
         let io = |e: std::io::Error| ExportError::Io(format!("{}: {e}", scratch.display()));
         if n == 1 {
             let mut v = Vec::new();
-            let rows = for_each_call(dir, |c| {
+            let rows = for_each_call(dir, |mut c| {
                 progress.call();
-                if keep(&c) {
+                if keep(&mut c) {
                     v.push(c);
                 }
                 Ok(())
@@ -522,9 +523,9 @@ impl Partitions {
             .collect::<Result<Vec<_>, _>>()
             .map_err(io)?;
         let mut buf = Vec::new();
-        parts.rows = for_each_call(dir, |c| {
+        parts.rows = for_each_call(dir, |mut c| {
             progress.call();
-            if !keep(&c) {
+            if !keep(&mut c) {
                 return Ok(());
             }
             buf.clear();

@@ -576,6 +576,7 @@ pub fn export(shards: &Path, out: &Path, opts: &SftOptions) -> Result<Report, Ex
     let pass = super::Pass {
         label: "export sft",
         group_by: opts.group_by.as_deref(),
+        tokens_only: false,
     };
     report.calls = super::each_rollout(shards, out, &rollouts, &pass, |calls, info| {
         for s in rollout_samples(calls, info, opts, &mut report, &mut mm) {
