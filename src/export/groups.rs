@@ -58,9 +58,7 @@ impl<T> GroupBuffer<T> {
     }
 
     fn close(&mut self) -> Option<Vec<T>> {
-        if self.key.take().is_none() {
-            return None;
-        }
+        self.key.take()?;
         if self.size > 0 && self.items.len() == self.size {
             self.complete_groups += 1;
             return Some(std::mem::take(&mut self.items));
