@@ -2,10 +2,17 @@
 //! like real agent rollouts: multi-turn tool calling, prompts that extend
 //! turn by turn, token ids and logprobs, an occasional compaction), then run
 //! the SFT and RL exports and print rows/s and peak RSS (VmHWM, reset
-//! between phases through /proc/self/clear_refs).
+//! between phases through /proc/self/clear_refs). Two shapes, each with the
+//! same number of rows:
+//!
+//! - `many`: rollouts of 6 to 14 calls each (one agent run per rollout);
+//! - `one`: every call in a single rollout, shaped like the `untagged`
+//!   rollout: many short independent conversations (1 to 5 calls, some with
+//!   a tool call), 64 open at a time, interleaved call by call.
 //!
 //! `cargo bench --bench export` (1,000,000 rows); `EXPORT_BENCH_ROWS=N`
-//! for another size, `EXPORT_BENCH_DIR=PATH` for the scratch directory.
+//! for another size, `EXPORT_BENCH_SHAPE=many|one` for one shape only,
+//! `EXPORT_BENCH_DIR=PATH` for the scratch directory.
 
 use rollcall::config::ShardConfig;
 use rollcall::export::{rl, sft};
@@ -24,6 +31,13 @@ fn peak_rss_mib() -> f64 {
 }
 
 fn reset_peak() {
+    // Hand the previous phase's freed heap back first, so that its
+    // leftovers do not count as the next phase's peak.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of the allocator.
+    unsafe {
+        libc::malloc_trim(0);
+    }
     // "5" resets the peak RSS (Linux >= 4.0); ignored elsewhere.
     let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
@@ -100,6 +114,86 @@ fn call_row(
         upstream_api: None,
         upstream_response_raw: None,
     }
+}
+
+/// Write `rows` call rows in one rollout, `untagged`: short independent
+/// conversations, 64 open at once, interleaved; returns (calls, rollouts).
+fn generate_untagged(cfg: &ShardConfig, rows: usize) -> (usize, usize) {
+    struct Conv {
+        id: usize,
+        msgs: Vec<Value>,
+        prompt: Vec<i32>,
+        turn: usize,
+        turns: usize,
+    }
+    let mut calls_w = ShardWriter::<CallRow>::new(cfg).expect("calls writer");
+    let mut open: Vec<Conv> = vec![];
+    let (mut next_id, mut rng) = (0usize, 0x9e37_79b9_7f4a_7c15u64);
+    let mut rand = |n: usize| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % n.max(1) as u64) as usize
+    };
+    for seq in 0..rows {
+        while open.len() < 64 {
+            let id = next_id;
+            next_id += 1;
+            let msgs = vec![
+                json!({"role": "system", "content": "You are a helpful assistant."}),
+                json!({"role": "user", "content": format!("Question {id}: how do I read a file line by line in Python?")}),
+            ];
+            let prompt = msgs
+                .iter()
+                .flat_map(|m| tokens(m["content"].as_str().unwrap_or(""), id as u64))
+                .collect();
+            open.push(Conv {
+                id,
+                msgs,
+                prompt,
+                turn: 0,
+                turns: 1 + (id * 7919) % 5,
+            });
+        }
+        let i = rand(open.len());
+        let c = &mut open[i];
+        let last = c.turn + 1 == c.turns;
+        let answer = if last || c.turn % 2 == 1 {
+            json!({"role": "assistant", "content": format!("Use `for line in open(path):` (answer {}).", c.turn)})
+        } else {
+            json!({"role": "assistant", "content": "",
+                   "tool_calls": [{"id": format!("call_{}_{}", c.id, c.turn), "type": "function",
+                                   "function": {"name": "bash", "arguments": json!({"command": format!("python -c 'print({})'", c.turn)}).to_string()}}]})
+        };
+        let completion = tokens(&answer.to_string(), (c.id as u64) ^ ((c.turn as u64) << 20));
+        let row = call_row(
+            "untagged",
+            seq as i64,
+            &c.msgs,
+            &answer,
+            &c.prompt,
+            &completion,
+        );
+        if calls_w.push(row, 0).expect("push") {
+            calls_w.publish().expect("publish");
+        }
+        c.prompt.extend_from_slice(&completion);
+        c.msgs.push(answer);
+        let obs = if c.turn % 2 == 0 && !last {
+            json!({"role": "tool", "tool_call_id": format!("call_{}_{}", c.id, c.turn), "content": format!("{}", c.turn)})
+        } else {
+            json!({"role": "user", "content": "Thanks. And with an index?"})
+        };
+        c.prompt.extend(tokens(&obs.to_string(), 7));
+        c.msgs.push(obs);
+        c.turn += 1;
+        if c.turn == c.turns {
+            open.swap_remove(i);
+        }
+    }
+    calls_w.publish().expect("publish");
+    // Like the real `untagged` rollout: never finished (no reward).
+    (rows, 1)
 }
 
 /// Write about `rows` call rows; returns (calls, rollouts).
@@ -204,20 +298,35 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(if smoke { 2_000 } else { 1_000_000 });
+    let only = std::env::var("EXPORT_BENCH_SHAPE").ok();
     let base = std::env::var_os("EXPORT_BENCH_DIR")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(std::env::temp_dir)
         .join(format!("rollcall-export-bench-{}", std::process::id()));
+    for shape in ["many", "one"] {
+        if only.as_deref().is_some_and(|o| o != shape) {
+            continue;
+        }
+        run(shape, rows, &base.join(shape));
+    }
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+fn run(shape: &str, rows: usize, base: &std::path::Path) {
     let cfg = ShardConfig {
         dir: base.join("shards"),
         ..ShardConfig::default()
     };
-
+    reset_peak();
     let t = Instant::now();
-    let (calls, rollouts) = generate(&cfg, rows);
+    let (calls, rollouts) = if shape == "one" {
+        generate_untagged(&cfg, rows)
+    } else {
+        generate(&cfg, rows)
+    };
     let gen = t.elapsed().as_secs_f64();
     println!(
-        "generate: {calls} call rows, {rollouts} rollouts, {:.1} MiB of shards in {gen:.1}s ({:.0} rows/s), peak RSS {:.0} MiB",
+        "[{shape}] generate: {calls} call rows, {rollouts} rollouts, {:.1} MiB of shards in {gen:.1}s ({:.0} rows/s), peak RSS {:.0} MiB",
         dir_bytes(&cfg.dir) as f64 / (1 << 20) as f64,
         calls as f64 / gen,
         peak_rss_mib()
@@ -229,29 +338,37 @@ fn main() {
         sft::export(&cfg.dir, &base.join("sft"), &sft::SftOptions::default()).expect("sft export");
     let s = t.elapsed().as_secs_f64();
     println!(
-        "export sft: {} call rows -> {} samples ({} mismatches) in {s:.1}s: {:.0} rows/s, peak RSS {:.0} MiB, output {:.1} MiB",
+        "[{shape}] export sft: {} call rows -> {} samples ({} segments, {} mismatches) in {s:.1}s: {:.0} rows/s, peak RSS {:.0} MiB, output {:.1} MiB",
         r.calls,
         r.samples,
+        r.segments,
         r.mismatches,
         r.calls as f64 / s,
         peak_rss_mib(),
         dir_bytes(&base.join("sft")) as f64 / (1 << 20) as f64
     );
+    assert_eq!(r.calls, calls);
     let _ = std::fs::remove_dir_all(base.join("sft"));
 
     reset_peak();
     let t = Instant::now();
-    let r = rl::export(&cfg.dir, &base.join("rl"), &rl::RlOptions::default()).expect("rl export");
+    // The `untagged` rollout has no finish row: keep its samples (reward 0).
+    let opts = rl::RlOptions {
+        missing_reward: rl::MissingReward::Zero,
+        ..Default::default()
+    };
+    let r = rl::export(&cfg.dir, &base.join("rl"), &opts).expect("rl export");
     let s = t.elapsed().as_secs_f64();
     println!(
-        "export rl:  {} call rows -> {} samples ({} mismatches) in {s:.1}s: {:.0} rows/s, peak RSS {:.0} MiB, output {:.1} MiB",
+        "[{shape}] export rl:  {} call rows -> {} samples ({} segments, {} mismatches) in {s:.1}s: {:.0} rows/s, peak RSS {:.0} MiB, output {:.1} MiB",
         r.calls,
         r.samples,
+        r.segments,
         r.mismatches,
         r.calls as f64 / s,
         peak_rss_mib(),
         dir_bytes(&base.join("rl")) as f64 / (1 << 20) as f64
     );
     assert_eq!(r.calls, calls);
-    let _ = std::fs::remove_dir_all(&base);
+    let _ = std::fs::remove_dir_all(base);
 }

@@ -226,6 +226,17 @@ enum ExportCommand {
         /// Finish-metadata key naming a rollout's group (default: group, then task).
         #[arg(long)]
         group_by: Option<String>,
+        /// Keep exactly N samples per group (for GRPO): a group's samples in
+        /// output order (rollout id, then segment), the first N kept; groups
+        /// with fewer than N are dropped (incomplete_groups and
+        /// dropped_by_group_size in the report).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        group_size: Option<u64>,
+        /// A sample whose rollout has no reward (not finished, or finished
+        /// without one): drop it, give it 0.0, or stop with an error
+        /// (counted as missing_reward). Applied before --group-size.
+        #[arg(long, value_enum, default_value = "drop")]
+        missing_reward: crate::export::rl::MissingReward,
     },
     /// Microsoft Orchard `swe` schema (messages, tools, metadata): OUT/orchard.parquet.
     Orchard {
@@ -284,11 +295,15 @@ fn export_cmd(cmd: Command) -> Result<(), Box<dyn std::error::Error>> {
                     filters,
                     trainer,
                     group_by,
+                    group_size,
+                    missing_reward,
                 } => {
                     let opts = rl::RlOptions {
                         filters,
                         trainer,
                         group_by,
+                        group_size: group_size.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+                        missing_reward,
                     };
                     let r = rl::export(&shards, &out, &opts)?;
                     (out, r)

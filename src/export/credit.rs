@@ -88,7 +88,7 @@ pub fn unresolved(info: Option<&RolloutInfo>) -> bool {
 /// keep (through the last assistant step before the first signal), or
 /// `None` when the signal does not occur. `origin` gives, per message, the
 /// sequence of the call that produced it; `failed` the sequences of the
-/// rollout's failed calls.
+/// rollout's failed calls, in ascending order.
 pub fn truncation(
     msgs: &[Value],
     origin: &[Option<i64>],
@@ -111,7 +111,8 @@ pub fn truncation(
             )
         }
         Signal::FailedCall => {
-            let f = failed.iter().copied().find(|&s| s > first_sequence)?;
+            // `failed` is sorted: the first failure after the segment's start.
+            let f = *failed.get(failed.partition_point(|&s| s <= first_sequence))?;
             // Keep through the last step made before the failed call.
             let last_before = origin
                 .iter()

@@ -2,11 +2,11 @@
 //! readable transcript.
 
 use super::read::{self, CallRec};
-use super::trajectory::{self, content_text, Turn};
+use super::trajectory::{self, content_text};
 use super::ExportError;
 use serde::Serialize;
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -88,7 +88,12 @@ pub fn summarize(shards: &Path, scratch: &Path) -> Result<Summary, ExportError> 
     }
     s.rewards = reward_stats(&rollouts.values().map(|i| i.reward).collect::<Vec<_>>());
     let mut mm = vec![];
-    s.calls = super::each_rollout(shards, scratch, &rollouts, |calls, _| {
+    let pass = super::Pass {
+        label: "inspect",
+        group_by: None,
+        tokens_only: false,
+    };
+    s.calls = super::each_rollout(shards, scratch, &rollouts, &pass, |calls, _| {
         s.rollouts += 1;
         for c in calls {
             *s.calls_by_status.entry(c.status.clone()).or_default() += 1;
@@ -105,8 +110,7 @@ pub fn summarize(shards: &Path, scratch: &Path) -> Result<Summary, ExportError> 
             }
         }
         let ok: Vec<&CallRec> = calls.iter().filter(|c| c.status == "ok").collect();
-        let turns: Vec<Turn> = ok.iter().map(|c| Turn::parse(c)).collect();
-        s.segments += trajectory::segment(&turns, &mut mm).len();
+        s.segments += trajectory::rebuild(&ok, false, &mut mm).1.len();
         s.mismatches += mm.len();
         mm.clear();
         Ok(())
@@ -232,12 +236,15 @@ fn render_message(out: &mut String, i: usize, m: &Value, origin: Option<i64>) {
 pub fn transcript(shards: &Path, rollout_id: &str) -> Result<String, ExportError> {
     let rollouts = read::read_rollouts(shards)?;
     let mut calls = vec![];
+    let progress = super::progress::Progress::new("inspect");
     read::for_each_call(shards, |c| {
+        progress.call();
         if c.rollout_id == rollout_id {
             calls.push(c);
         }
         Ok(())
     })?;
+    progress.finish();
     calls.sort_by_key(|c| c.sequence);
     calls.dedup_by_key(|c| c.sequence);
     let info = rollouts.get(rollout_id);
@@ -275,16 +282,23 @@ pub fn transcript(shards: &Path, rollout_id: &str) -> Result<String, ExportError
         );
     }
     let ok: Vec<&CallRec> = calls.iter().filter(|c| c.status == "ok").collect();
-    let turns: Vec<Turn> = ok.iter().map(|c| Turn::parse(c)).collect();
     let mut mm = vec![];
-    let segs = trajectory::segment(&turns, &mut mm);
+    let (turns, segs) = trajectory::rebuild(&ok, true, &mut mm);
+    let why: HashMap<i64, &trajectory::Mismatch> = mm.iter().map(|m| (m.sequence, m)).collect();
     for seg in &segs {
         let seqs: Vec<String> = seg
             .turns
             .iter()
             .map(|&k| turns[k].call.sequence.to_string())
             .collect();
-        let first = turns[seg.turns[0]].call;
+        let Some(first) = seg
+            .turns
+            .first()
+            .and_then(|&k| turns.get(k))
+            .map(|t| t.call)
+        else {
+            continue;
+        };
         let _ = writeln!(
             out,
             "\n── segment {} (calls {}; model {}; {} {})",
@@ -294,7 +308,7 @@ pub fn transcript(shards: &Path, rollout_id: &str) -> Result<String, ExportError
             first.wire_api,
             super::time::format_micros(first.received_at)
         );
-        if let Some(m) = mm.iter().find(|m| m.sequence == first.sequence) {
+        if let Some(m) = why.get(&first.sequence) {
             let at = match (m.message_index, m.token_index) {
                 (Some(i), _) => format!("message {i}"),
                 (_, Some(t)) => format!("token {t}"),

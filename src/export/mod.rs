@@ -3,16 +3,20 @@
 //!
 //! Every export runs the same pipeline in bounded memory: finish rows are
 //! read into a map (one per rollout), calls are streamed out of the shards
-//! and hash-partitioned by rollout into spill files (`read`), then each
-//! partition is loaded, sorted, split into rollouts, and each rollout is
-//! rebuilt into trajectory segments (`trajectory`) and written out. The
-//! output order is fixed (partition, then rollout id, then segment), so the
-//! same shards always give byte-identical files.
+//! and hash-partitioned by their rollout's group into spill files (`read`),
+//! then each partition is loaded, sorted, split into rollouts ordered by
+//! (group, rollout id), and each rollout is rebuilt into trajectory segments
+//! (`trajectory`, linear in the rollout's data) and written out. The output
+//! order is fixed (partition, group, rollout id, segment): every group's
+//! rows are contiguous, and the same shards always give byte-identical
+//! files.
 
 pub mod credit;
+pub mod groups;
 pub mod inspect;
 pub mod native;
 pub mod orchard;
+pub mod progress;
 pub mod read;
 pub mod rl;
 pub mod sft;
@@ -20,7 +24,8 @@ pub mod sft_tokens;
 pub mod time;
 pub mod trajectory;
 
-use read::{CallRec, Partitions, RolloutInfo};
+use progress::Progress;
+use read::{CallRec, Groups, Partitions, RolloutInfo};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -62,6 +67,12 @@ pub enum ExportError {
         row: usize,
         why: String,
     },
+    /// rollout {rollout_id:?} has no reward (--missing-reward error) ...
+    #[error(
+        "rollout {rollout_id:?} has no reward (not finished, or finished without one); \
+         finish it with a reward, or pass --missing-reward drop or zero"
+    )]
+    MissingReward { rollout_id: String },
 }
 
 pub(crate) fn write_err(p: &Path, e: impl std::fmt::Display) -> ExportError {
@@ -194,6 +205,14 @@ pub struct Report {
     /// Segments dropped by `--truncate-failed` (nothing left before the signal).
     pub dropped_by_truncation: usize,
     pub truncated: usize,
+    /// RL: samples whose rollout has no reward (dropped by
+    /// `--missing-reward drop`, given 0.0 by `zero`).
+    pub missing_reward: usize,
+    /// RL `--group-size N`: groups dropped for having fewer than N samples.
+    pub incomplete_groups: usize,
+    /// RL `--group-size N`: samples dropped (those of incomplete groups,
+    /// and those past a group's first N).
+    pub dropped_by_group_size: usize,
     pub samples: usize,
     /// Sample count per rule.
     pub rules: BTreeMap<String, usize>,
@@ -216,7 +235,17 @@ impl Report {
             self.mismatches,
             self.filtered,
             if self.kind == "rl" {
-                format!("; {} calls without token ids", self.skipped_no_token_ids)
+                let mut t = format!("; {} calls without token ids", self.skipped_no_token_ids);
+                if self.missing_reward > 0 {
+                    t += &format!("; {} samples without a reward", self.missing_reward);
+                }
+                if self.incomplete_groups > 0 || self.dropped_by_group_size > 0 {
+                    t += &format!(
+                        "; {} samples dropped by --group-size ({} incomplete groups)",
+                        self.dropped_by_group_size, self.incomplete_groups
+                    );
+                }
+                t
             } else {
                 String::new()
             }
@@ -259,23 +288,64 @@ impl MismatchLog {
     }
 }
 
+/// How [`each_rollout`] runs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Pass<'a> {
+    /// Shown with the progress on stderr, e.g. `export rl`.
+    pub label: &'a str,
+    /// Finish-metadata key of the group (`group_of`).
+    pub group_by: Option<&'a str>,
+    /// Drop the JSON text columns (messages, tools, response message) of
+    /// calls with token ids as they are read: for the RL export, which
+    /// reads only token ids from such calls (half the memory and spill).
+    pub tokens_only: bool,
+}
+
 /// Run `each` over every rollout of `shards` (its calls sorted by sequence,
-/// duplicates dropped, and its latest finish row), in a fixed order.
-/// Returns the number of calls read.
+/// duplicates dropped, and its latest finish row), in a fixed order:
+/// partition, then group (`group_of` with `pass.group_by`), then rollout
+/// id, so each group's rollouts come one after another. Progress goes to
+/// stderr under `pass.label` when it takes a while. Returns the number of
+/// calls read.
 pub fn each_rollout(
     shards: &Path,
     out: &Path,
     rollouts: &BTreeMap<String, RolloutInfo>,
+    pass: &Pass,
     mut each: impl FnMut(&[CallRec], Option<&RolloutInfo>) -> Result<(), ExportError>,
 ) -> Result<usize, ExportError> {
     let scratch = out.join(format!(".rollcall-spill-{}", std::process::id()));
-    let mut parts = Partitions::load(shards, &scratch, read::ROWS_PER_PARTITION, |_| true)?;
+    let groups = Groups::new(rollouts, pass.group_by);
+    let progress = Progress::new(pass.label);
+    let mut parts = Partitions::load(
+        shards,
+        &scratch,
+        read::ROWS_PER_PARTITION,
+        |c| {
+            if pass.tokens_only && c.prompt_ids.is_some() && c.completion_ids.is_some() {
+                c.history_len = c.messages.as_deref().and_then(|m| {
+                    serde_json::from_str::<Vec<serde::de::IgnoredAny>>(m)
+                        .ok()
+                        .map(|v| v.len() as i64)
+                });
+                (c.messages, c.tools, c.response_message) = (None, None, None);
+            }
+            true
+        },
+        &groups,
+        &progress,
+    )?;
     for i in 0..parts.len() {
-        for calls in read::by_rollout(parts.take(i)?) {
-            let info = rollouts.get(&calls[0].rollout_id);
+        for calls in read::by_group(parts.take(i)?, &groups) {
+            let Some(first) = calls.first() else {
+                continue;
+            };
+            let info = rollouts.get(&first.rollout_id);
             each(&calls, info)?;
+            progress.rollout();
         }
     }
+    progress.finish();
     Ok(parts.rows)
 }
 
@@ -436,5 +506,177 @@ mod determinism_tests {
             assert_eq!(na, nb);
             assert!(ba == bb, "{na} differs between two exports");
         }
+    }
+}
+
+#[cfg(test)]
+mod scale_tests {
+    use super::*;
+    use crate::config::ShardConfig;
+    use crate::record::shard::write_now;
+    use crate::record::RolloutRow;
+    use arrow::array::{Array, AsArray};
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use serde_json::json;
+    use std::collections::BTreeSet;
+
+    /// (group, rollout_id) of every row of `rl.parquet`, in file order.
+    fn rows_of(path: &Path) -> Vec<(String, String)> {
+        let f = std::fs::File::open(path).expect("rl.parquet");
+        let r = ParquetRecordBatchReaderBuilder::try_new(f)
+            .expect("reader")
+            .build()
+            .expect("build");
+        let mut out = vec![];
+        for b in r {
+            let b = b.expect("batch");
+            let col = |n: &str| b.column_by_name(n).expect(n).as_string::<i32>().clone();
+            let (g, rid) = (col("group"), col("rollout_id"));
+            for i in 0..b.num_rows() {
+                assert!(!g.is_null(i) && !rid.is_null(i));
+                out.push((g.value(i).to_owned(), rid.value(i).to_owned()));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn missing_rewards_are_dropped_zeroed_or_stop_the_export() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = ShardConfig {
+            dir: dir.path().join("shards"),
+            ..ShardConfig::default()
+        };
+        // r0 finished with a reward, r1 finished without one, r2 never.
+        let calls: Vec<_> = (0..3)
+            .map(|r| read::partition_tests::call_row(&format!("r{r}"), 0))
+            .collect();
+        write_now(&cfg, calls).expect("calls");
+        let fin = |rid: &str, reward| RolloutRow {
+            record_id: format!("f-{rid}"),
+            rollout_id: rid.into(),
+            status: "success".into(),
+            reward,
+            metadata: None,
+            finished_at: 1,
+            calls: 1,
+        };
+        write_now(&cfg, vec![fin("r0", Some(1.0)), fin("r1", None)]).expect("rollouts");
+        let export = |m: rl::MissingReward| {
+            let opts = rl::RlOptions {
+                missing_reward: m,
+                ..Default::default()
+            };
+            rl::export(&cfg.dir, &dir.path().join("out"), &opts)
+        };
+        let r = export(rl::MissingReward::Drop).expect("drop");
+        assert_eq!((r.samples, r.missing_reward), (1, 2));
+        let rows = rows_of(&dir.path().join("out").join("rl.parquet"));
+        assert_eq!(rows, vec![("r0".to_owned(), "r0".to_owned())]);
+        let r = export(rl::MissingReward::Zero).expect("zero");
+        assert_eq!((r.samples, r.missing_reward), (3, 2));
+        match export(rl::MissingReward::Error) {
+            Err(e @ ExportError::MissingReward { .. }) => {
+                assert!(e.to_string().contains("\"r1\" has no reward"), "{e}");
+            }
+            other => panic!("expected a missing reward error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_100k_call_export_has_whole_contiguous_groups_of_the_size_asked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = ShardConfig {
+            dir: dir.path().join("shards"),
+            ..ShardConfig::default()
+        };
+        let n = 4; // --group-size
+        let sizes = [2usize, 3, 4, 5, 6, 9];
+        let mut rows = Vec::with_capacity(100_000);
+        let mut fins = vec![];
+        // Per group, its finished rollouts (sorted: ids increase).
+        let mut finished: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let (mut r, mut g, mut unfinished) = (0usize, 0usize, 0usize);
+        while rows.len() < 100_000 {
+            let group = format!("g{:05}", (g * 7919) % 100_000);
+            for _ in 0..sizes[g % sizes.len()] {
+                // Ids not in group order: groups interleave by id.
+                let rid = format!("r{:06}", (r * 104_729) % 1_000_000);
+                let mut prompt = vec![1, r as i32];
+                for s in 0..4 {
+                    let mut c = read::partition_tests::call_row(&rid, s);
+                    c.messages = None;
+                    c.prompt_token_ids = Some(prompt.clone());
+                    c.completion_token_ids = Some(vec![100 + s as i32]);
+                    prompt.extend([100 + s as i32, 7]);
+                    rows.push(c);
+                }
+                if r % 23 == 22 {
+                    unfinished += 1; // no finish row: no reward, dropped
+                } else {
+                    fins.push(RolloutRow {
+                        record_id: format!("f{r}"),
+                        rollout_id: rid.clone(),
+                        status: "success".into(),
+                        reward: Some(f64::from(r as u32 % 2)),
+                        metadata: Some(json!({"group": group}).to_string()),
+                        finished_at: 1,
+                        calls: 4,
+                    });
+                    finished.entry(group.clone()).or_default().push(rid);
+                }
+                r += 1;
+            }
+            g += 1;
+        }
+        for v in finished.values_mut() {
+            v.sort();
+        }
+        rows.reverse();
+        let half = rows.split_off(rows.len() / 2);
+        write_now(&cfg, rows).expect("calls");
+        write_now(&cfg, half).expect("calls");
+        write_now(&cfg, fins).expect("rollouts");
+        let opts = rl::RlOptions {
+            group_size: Some(n),
+            ..Default::default()
+        };
+        let want_complete = finished.values().filter(|v| v.len() >= n).count();
+        let want_incomplete = finished.len() - want_complete;
+        let want_dropped: usize = finished
+            .values()
+            .map(|v| if v.len() >= n { v.len() - n } else { v.len() })
+            .sum();
+        let mut outputs = vec![];
+        for run in ["a", "b"] {
+            let out = dir.path().join(run);
+            let rep = rl::export(&cfg.dir, &out, &opts).expect("rl");
+            assert_eq!(rep.calls, 100_000);
+            assert_eq!(rep.missing_reward, unfinished);
+            assert_eq!(rep.incomplete_groups, want_incomplete);
+            assert_eq!(rep.dropped_by_group_size, want_dropped);
+            assert_eq!(rep.samples, want_complete * n);
+            assert!(want_incomplete > 0 && want_dropped > want_incomplete);
+            let got = rows_of(&out.join("rl.parquet"));
+            assert_eq!(got.len(), rep.samples);
+            // Every group's rows are contiguous, exactly n of them: the
+            // first n of its rollouts in id order.
+            let mut seen = BTreeSet::new();
+            for chunk in got.chunks(n) {
+                let g = &chunk[0].0;
+                assert!(chunk.iter().all(|(x, _)| x == g), "group {g} is split");
+                assert!(seen.insert(g.clone()), "group {g} appears twice");
+                let ids: Vec<&String> = chunk.iter().map(|(_, id)| id).collect();
+                let want: Vec<&String> = finished[g].iter().take(n).collect();
+                assert_eq!(ids, want, "group {g}");
+            }
+            assert_eq!(seen.len(), want_complete);
+            let mut files = vec![];
+            for name in ["rl.parquet", "rl_mismatches.jsonl"] {
+                files.push(std::fs::read(out.join(name)).expect("read"));
+            }
+            outputs.push(files);
+        }
+        assert!(outputs[0] == outputs[1], "two exports differ");
     }
 }

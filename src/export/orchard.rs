@@ -343,7 +343,12 @@ pub fn export(shards: &Path, out: &Path, filters: &Filters) -> Result<Report, Ex
     let mut w = ParquetOut::create(out.join("orchard.parquet"), schema())?;
     let mut pending = vec![];
     let mut mm = vec![];
-    report.calls = super::each_rollout(shards, out, &rollouts, |calls, info| {
+    let pass = super::Pass {
+        label: "export orchard",
+        group_by: None,
+        tokens_only: false,
+    };
+    report.calls = super::each_rollout(shards, out, &rollouts, &pass, |calls, info| {
         for s in super::sft::rollout_samples(calls, info, &opts, &mut report, &mut mm) {
             report.samples += 1;
             pending.push(OrchardRow {

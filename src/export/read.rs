@@ -1,18 +1,23 @@
 //! Reading shards for the exports, in bounded memory.
 //!
 //! Calls are streamed out of `calls/*.parquet` (only the columns the exports
-//! use), hash-partitioned by `rollout_id` into spill files, and handed back
-//! one partition at a time, each sorted by (`rollout_id`, `sequence`). Small
-//! inputs (one partition) never touch the disk. Rollout finish rows are few
-//! (one per rollout) and are held in a map, latest finish per rollout.
+//! use), hash-partitioned by their rollout's *group* ([`Groups`]: the finish
+//! rows are read first) into spill files, and handed back one partition at a
+//! time, each sorted by (`rollout_id`, `sequence`) and split into rollouts
+//! ordered by (group, `rollout_id`) ([`by_group`]). So every group's
+//! rollouts are in one partition and contiguous, however many calls there
+//! are. Small inputs (one partition) never touch the disk. Rollout finish
+//! rows are few (one per rollout) and are held in a map, latest finish per
+//! rollout.
 
+use super::progress::Progress;
 use super::ExportError;
 use crate::record::shard::list_shards;
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Float64Type, Int32Type, Int64Type, TimestampMicrosecondType};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
@@ -37,6 +42,9 @@ pub struct CallRec {
     pub received_at: i64,
     pub prompt_tokens: Option<i64>,
     pub completion_tokens: Option<i64>,
+    /// Messages in the call's history, kept when `messages` is dropped on
+    /// reading (the RL export's `Pass::tokens_only`).
+    pub history_len: Option<i64>,
 }
 
 /// The latest finish row of a rollout.
@@ -213,6 +221,7 @@ pub fn for_each_call(
                     received_at: i64_at(col(&b, "received_at"), i).unwrap_or(0),
                     prompt_tokens: i64_at(col(&b, "prompt_tokens"), i),
                     completion_tokens: i64_at(col(&b, "completion_tokens"), i),
+                    history_len: None,
                 })?;
                 n += 1;
             }
@@ -260,6 +269,32 @@ pub fn count_calls(dir: &Path) -> Result<usize, ExportError> {
         n += usize::try_from(b.metadata().file_metadata().num_rows()).unwrap_or(0);
     }
     Ok(n)
+}
+
+/// The group of every rollout ([`super::group_of`]), by rollout id.
+#[derive(Debug, Default, Clone)]
+pub struct Groups(HashMap<String, String>);
+
+impl Groups {
+    /// Groups from the finish rows, keyed by finish metadata `group_by`
+    /// (default `group`, then `task`).
+    pub fn new(rollouts: &BTreeMap<String, RolloutInfo>, group_by: Option<&str>) -> Groups {
+        Groups(
+            rollouts
+                .iter()
+                .filter_map(|(id, info)| {
+                    let g = super::group_of(id, Some(info), group_by);
+                    (g != *id).then(|| (id.clone(), g))
+                })
+                .collect(),
+        )
+    }
+
+    /// The group of a rollout: its own id when it has no finish row or no
+    /// group key.
+    pub fn of<'a>(&'a self, rollout_id: &'a str) -> &'a str {
+        self.0.get(rollout_id).map_or(rollout_id, String::as_str)
+    }
 }
 
 /// FNV-1a: a stable hash, so partitions (and output order) never change
@@ -337,6 +372,7 @@ fn encode(c: &CallRec, out: &mut Vec<u8>) {
     out.extend_from_slice(&c.received_at.to_le_bytes());
     put_opt_i64(out, c.prompt_tokens);
     put_opt_i64(out, c.completion_tokens);
+    put_opt_i64(out, c.history_len);
 }
 
 struct Cursor<'a>(&'a [u8]);
@@ -421,6 +457,7 @@ fn decode(b: &[u8]) -> Option<CallRec> {
         received_at: c.i64()?,
         prompt_tokens: c.opt_i64()?,
         completion_tokens: c.opt_i64()?,
+        history_len: c.opt_i64()?,
     })
 }
 
@@ -445,21 +482,26 @@ impl Drop for Partitions {
 pub const ROWS_PER_PARTITION: usize = 20_000;
 
 impl Partitions {
-    /// Read every call of `dir`, keeping those `keep` accepts, into
-    /// partitions (spilled under `scratch` when there are several).
+    /// Read every call of `dir`, keeping those `keep` accepts (it may also
+    /// trim what is kept), into partitions by the hash of their rollout's
+    /// group (spilled under `scratch` when there are several), counting
+    /// each call read.
     pub fn load(
         dir: &Path,
         scratch: &Path,
         rows_per_partition: usize,
-        keep: impl Fn(&CallRec) -> bool,
+        keep: impl Fn(&mut CallRec) -> bool,
+        groups: &Groups,
+        progress: &Progress,
     ) -> Result<Partitions, ExportError> {
         let total = count_calls(dir)?;
         let n = total.div_ceil(rows_per_partition.max(1)).clamp(1, 512);
         let io = |e: std::io::Error| ExportError::Io(format!("{}: {e}", scratch.display()));
         if n == 1 {
             let mut v = Vec::new();
-            let rows = for_each_call(dir, |c| {
-                if keep(&c) {
+            let rows = for_each_call(dir, |mut c| {
+                progress.call();
+                if keep(&mut c) {
                     v.push(c);
                 }
                 Ok(())
@@ -487,13 +529,14 @@ impl Partitions {
             .collect::<Result<Vec<_>, _>>()
             .map_err(io)?;
         let mut buf = Vec::new();
-        parts.rows = for_each_call(dir, |c| {
-            if !keep(&c) {
+        parts.rows = for_each_call(dir, |mut c| {
+            progress.call();
+            if !keep(&mut c) {
                 return Ok(());
             }
             buf.clear();
             encode(&c, &mut buf);
-            let w = &mut writers[(stable_hash(&c.rollout_id) % n as u64) as usize];
+            let w = &mut writers[(stable_hash(groups.of(&c.rollout_id)) % n as u64) as usize];
             w.write_all(&(buf.len() as u32).to_le_bytes())
                 .and_then(|()| w.write_all(&buf))
                 .map_err(io)
@@ -562,6 +605,18 @@ pub fn by_rollout(calls: Vec<CallRec>) -> Vec<Vec<CallRec>> {
         }
     }
     out
+}
+
+/// Split a partition's sorted calls into rollouts, ordered by (group,
+/// rollout id): each group's rollouts contiguous.
+pub fn by_group(calls: Vec<CallRec>, groups: &Groups) -> Vec<Vec<CallRec>> {
+    let mut rollouts = by_rollout(calls);
+    let id = |r: &[CallRec]| r.first().map_or(String::new(), |c| c.rollout_id.clone());
+    rollouts.sort_by_cached_key(|r| {
+        let id = id(r);
+        (groups.of(&id).to_owned(), id)
+    });
+    rollouts
 }
 
 #[cfg(test)]
@@ -662,8 +717,15 @@ pub(crate) mod partition_tests {
         rows.push(call_row("r00", 0)); // a duplicate row
         write_now(&cfg, rows).expect("write");
         let collect = |per: usize| {
-            let mut p =
-                Partitions::load(&cfg.dir, &dir.path().join("spill"), per, |_| true).expect("load");
+            let mut p = Partitions::load(
+                &cfg.dir,
+                &dir.path().join("spill"),
+                per,
+                |_| true,
+                &Groups::default(),
+                &Progress::hidden(),
+            )
+            .expect("load");
             let mut out = vec![];
             for i in 0..p.len() {
                 for r in by_rollout(p.take(i).expect("take")) {
@@ -688,7 +750,14 @@ pub(crate) mod partition_tests {
         // The same input gives the same order every time.
         assert_eq!(collect(16).1, many);
         assert!(matches!(
-            Partitions::load(&dir.path().join("nope"), dir.path(), 1, |_| true),
+            Partitions::load(
+                &dir.path().join("nope"),
+                dir.path(),
+                1,
+                |_| true,
+                &Groups::default(),
+                &Progress::hidden()
+            ),
             Err(ExportError::NoDir(_))
         ));
     }

@@ -7,9 +7,10 @@
 //! the rollout's own on sampled tokens and 0.0 on observations. Calls
 //! without token ids are excluded and counted, never re-tokenized.
 
+use super::groups::GroupBuffer;
 use super::read::{self, CallRec, RolloutInfo};
 use super::sft::ParquetOut;
-use super::trajectory::{self, Turn};
+use super::trajectory;
 use super::{ExportError, Filters, MismatchLog, Report, SampleMeta};
 use arrow::array::{
     ArrayRef, Float32Array, Float64Array, Int32Array, Int64Array, ListArray, RecordBatch,
@@ -17,7 +18,6 @@ use arrow::array::{
 };
 use arrow::buffer::OffsetBuffer;
 use arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef};
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -70,6 +70,75 @@ pub struct RlOptions {
     pub filters: Filters,
     pub trainer: Trainer,
     pub group_by: Option<String>,
+    /// Keep exactly this many samples per group: a group's first N in
+    /// output order (rollout id, then segment); groups with fewer dropped.
+    pub group_size: Option<usize>,
+    pub missing_reward: MissingReward,
+}
+
+/// What to do with a sample whose rollout has no reward (never finished, or
+/// finished without one). Applied after the filters, before `--group-size`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum MissingReward {
+    /// Leave the sample out (counted as `missing_reward`).
+    #[default]
+    Drop,
+    /// Give it reward 0.0 (counted as `missing_reward`).
+    Zero,
+    /// Stop the export with an error naming the rollout.
+    Error,
+}
+
+/// Writes samples in order, numbering `index` and `group_index`.
+struct RlOut {
+    w: ParquetOut,
+    trainer: Trainer,
+    pending: Vec<RlSample>,
+    pending_tokens: usize,
+    samples: usize,
+    groups: i64,
+    last_group: Option<String>,
+    /// Rollouts numbered in output order (slime's integer `rollout_id`).
+    rollouts: i64,
+    last_rollout: Option<String>,
+}
+
+impl RlOut {
+    fn push(&mut self, mut s: RlSample) -> Result<(), ExportError> {
+        if self.last_group.as_deref() != Some(s.group.as_str()) {
+            if self.last_group.is_some() {
+                self.groups += 1;
+            }
+            self.last_group = Some(s.group.clone());
+        }
+        s.group_index = self.groups;
+        if self.last_rollout.as_deref() != Some(s.rollout_id.as_str()) {
+            if self.last_rollout.is_some() {
+                self.rollouts += 1;
+            }
+            self.last_rollout = Some(s.rollout_id.clone());
+        }
+        s.rollout_index = self.rollouts;
+        s.index = self.samples as i64;
+        self.samples += 1;
+        self.pending_tokens += s.prompt_ids.len() + s.response_ids.len();
+        self.pending.push(s);
+        if self.pending.len() >= 256 || self.pending_tokens >= 4 << 20 {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), ExportError> {
+        if !self.pending.is_empty() {
+            let b = batch(self.trainer, &self.pending)
+                .map_err(|e| super::write_err(&self.w.path, e))?;
+            self.w.write(&b)?;
+            self.pending.clear();
+            self.pending_tokens = 0;
+        }
+        Ok(())
+    }
 }
 
 /// Build a rollout's RL samples (without `group_index` / `index`).
@@ -89,8 +158,8 @@ pub fn rollout_samples(
         .filter(|c| c.prompt_ids.is_some() && c.completion_ids.is_some())
         .collect();
     report.skipped_no_token_ids += ok.len() - with_ids.len();
-    let turns: Vec<Turn> = with_ids.iter().map(|c| Turn::parse(c)).collect();
-    let segs = trajectory::segment(&turns, mismatches);
+    // Every call here has token ids: matched on tokens, no JSON parsed.
+    let (_, segs) = trajectory::rebuild(&with_ids, false, mismatches);
     report.segments += segs.len();
     let rollout_id = calls.first().map_or("", |c| c.rollout_id.as_str());
     let group = super::group_of(rollout_id, info, opts.group_by.as_deref());
@@ -112,10 +181,14 @@ pub fn rollout_samples(
             group_index: 0,
             index: 0,
             rollout_index: 0,
-            num_turns: seg
-                .turns
-                .last()
-                .map_or(0, |&k| turns[k].messages.len() as i64 + 1),
+            num_turns: seg_calls.last().map_or(0, |c| {
+                c.history_len.unwrap_or_else(|| {
+                    c.messages.as_deref().map_or(0, |m| {
+                        serde_json::from_str::<Vec<serde::de::IgnoredAny>>(m)
+                            .map_or(0, |v| v.len() as i64)
+                    })
+                }) + 1
+            }),
             prompt_ids: t.prompt_ids,
             response_ids: t.response_ids,
             loss_mask: t.loss_mask,
@@ -451,6 +524,12 @@ fn batch(t: Trainer, rows: &[RlSample]) -> Result<RecordBatch, arrow::error::Arr
 
 /// `rollcall export rl`: writes `OUT/rl.parquet`.
 pub fn export(shards: &Path, out: &Path, opts: &RlOptions) -> Result<Report, ExportError> {
+    if opts.group_size == Some(0) {
+        return Err(ExportError::Arg {
+            what: "--group-size".into(),
+            why: "must be at least 1".into(),
+        });
+    }
     super::prepare_out(out)?;
     let rollouts = read::read_rollouts(shards)?;
     let mut report = Report {
@@ -458,36 +537,67 @@ pub fn export(shards: &Path, out: &Path, opts: &RlOptions) -> Result<Report, Exp
         ..Default::default()
     };
     let mut log = MismatchLog::create(out, "rl")?;
-    let mut w = ParquetOut::create(out.join("rl.parquet"), schema(opts.trainer))?;
-    let mut groups: HashMap<String, i64> = HashMap::new();
-    let mut rollout_numbers: HashMap<String, i64> = HashMap::new();
-    let mut pending: Vec<RlSample> = vec![];
+    let mut w = RlOut {
+        w: ParquetOut::create(out.join("rl.parquet"), schema(opts.trainer))?,
+        trainer: opts.trainer,
+        pending: vec![],
+        pending_tokens: 0,
+        samples: 0,
+        groups: 0,
+        last_group: None,
+        rollouts: 0,
+        last_rollout: None,
+    };
+    let mut whole = opts.group_size.map(GroupBuffer::new);
     let mut mm = vec![];
-    let mut pending_tokens = 0usize;
-    report.calls = super::each_rollout(shards, out, &rollouts, |calls, info| {
+    let pass = super::Pass {
+        label: "export rl",
+        group_by: opts.group_by.as_deref(),
+        tokens_only: true,
+    };
+    report.calls = super::each_rollout(shards, out, &rollouts, &pass, |calls, info| {
         for mut s in rollout_samples(calls, info, opts, &mut report, &mut mm) {
-            let next = groups.len() as i64;
-            s.group_index = *groups.entry(s.group.clone()).or_insert(next);
-            let next = rollout_numbers.len() as i64;
-            s.rollout_index = *rollout_numbers.entry(s.rollout_id.clone()).or_insert(next);
-            s.index = report.samples as i64;
-            report.samples += 1;
-            pending_tokens += s.prompt_ids.len() + s.response_ids.len();
-            pending.push(s);
-        }
-        if pending.len() >= 256 || pending_tokens >= 4 << 20 {
-            w.write(&batch(opts.trainer, &pending).map_err(|e| super::write_err(&w.path, e))?)?;
-            pending.clear();
-            pending_tokens = 0;
+            if s.reward.is_none() {
+                match opts.missing_reward {
+                    MissingReward::Drop => {
+                        report.missing_reward += 1;
+                        continue;
+                    }
+                    MissingReward::Zero => {
+                        report.missing_reward += 1;
+                        s.reward = Some(0.0);
+                    }
+                    MissingReward::Error => {
+                        return Err(ExportError::MissingReward {
+                            rollout_id: s.rollout_id,
+                        })
+                    }
+                }
+            }
+            match &mut whole {
+                Some(b) => {
+                    let key = s.group.clone();
+                    for s in b.push(&key, s).into_iter().flatten() {
+                        w.push(s)?;
+                    }
+                }
+                None => w.push(s)?,
+            }
         }
         log.write(&mm)?;
         mm.clear();
         Ok(())
     })?;
-    if !pending.is_empty() {
-        w.write(&batch(opts.trainer, &pending).map_err(|e| super::write_err(&w.path, e))?)?;
+    if let Some(b) = &mut whole {
+        for s in b.finish().into_iter().flatten() {
+            w.push(s)?;
+        }
+        report.incomplete_groups = b.incomplete_groups;
+        report.dropped_by_group_size = b.dropped;
     }
-    w.close()?;
+    w.flush()?;
+    w.w.close()?;
+    report.samples = w.samples;
     report.mismatches = log.count;
     log.finish()?;
     *report.rules.entry("full".into()).or_default() += report.samples;

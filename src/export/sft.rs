@@ -8,7 +8,7 @@ use super::credit::{self, Signal, StepScores};
 use super::native::{self, json_field};
 use super::read::{self, CallRec, RolloutInfo};
 use super::sft_tokens::{self, TokenWriter};
-use super::trajectory::{self, content_text, Turn};
+use super::trajectory::{self, content_text};
 use super::{write_err, ExportError, Filters, MismatchLog, Report, SampleMeta};
 use arrow::array::{
     Array, ArrayRef, Float32Array, Float64Array, Int64Array, ListArray, RecordBatch, StringArray,
@@ -403,8 +403,7 @@ pub fn rollout_samples(
         .filter(|c| c.status == "failed")
         .map(|c| c.sequence)
         .collect();
-    let turns: Vec<Turn> = ok.iter().map(|c| Turn::parse(c)).collect();
-    let segs = trajectory::segment(&turns, mismatches);
+    let (turns, segs) = trajectory::rebuild(&ok, true, mismatches);
     report.segments += segs.len();
     let rollout_id = calls.first().map_or("", |c| c.rollout_id.as_str());
     let group = super::group_of(rollout_id, info, opts.group_by.as_deref());
@@ -903,7 +902,12 @@ pub fn export(shards: &Path, out: &Path, opts: &SftOptions) -> Result<Report, Ex
     };
     let mut tokens = TokenWriter::new(out.join("sft_tokens.parquet"));
     let mut mm = vec![];
-    report.calls = super::each_rollout(shards, out, &rollouts, |calls, info| {
+    let pass = super::Pass {
+        label: "export sft",
+        group_by: opts.group_by.as_deref(),
+        tokens_only: false,
+    };
+    report.calls = super::each_rollout(shards, out, &rollouts, &pass, |calls, info| {
         let no_ids: HashSet<i64> = calls
             .iter()
             .filter(|c| c.status == "ok" && !sft_tokens::has_ids(c))
