@@ -31,12 +31,18 @@ $(VENV)/.model-installed: $(VENV)/.installed tests/python/requirements-model.txt
 
 # The trainers that load the exports (tests/python/test_trainers.py): TRL,
 # verl without its serving stack (--no-deps, plus what its data classes
-# import), and rollcall's own loader package (python/).
+# import), and rollcall's own loader package (python/). verl needs an older
+# transformers than the embedded model's tests, so they get a venv of their
+# own that sees the test venv's packages (torch and the rest) after its own.
+TRAINERS_VENV := .venv-trainers
 VERL_VERSION := 0.9.1
-$(VENV)/.trainers-installed: $(VENV)/.model-installed tests/python/requirements-trainers.txt python/pyproject.toml $(wildcard python/rollcall_data/*.py)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/python/requirements-trainers.txt
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps verl==$(VERL_VERSION)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps ./python
+$(TRAINERS_VENV)/.installed: $(VENV)/.model-installed tests/python/requirements-trainers.txt python/pyproject.toml $(wildcard python/rollcall_data/*.py)
+	$(PYTHON) -m venv $(TRAINERS_VENV)
+	$(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > \
+		"$$($(TRAINERS_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/rollcall-test-venv.pth"
+	$(TRAINERS_VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/python/requirements-trainers.txt
+	$(TRAINERS_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps verl==$(VERL_VERSION)
+	$(TRAINERS_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps ./python
 	touch $@
 
 # llama.cpp's server (llama-cpp-python[server]), the real model server that
@@ -77,11 +83,12 @@ harnesses:
 
 # Rust unit and integration tests, then the Python suite (openai SDK,
 # pyarrow, DuckDB, real harness CLIs) against the debug binary.
-test: $(VENV)/.installed $(VENV)/.model-installed $(VENV)/.trainers-installed $(VENV)/.llamacpp-installed harnesses
+test: $(VENV)/.installed $(VENV)/.model-installed $(TRAINERS_VENV)/.installed $(VENV)/.llamacpp-installed harnesses
 	cargo test
 	target/debug/rollcall model fetch --python $(VENV)/bin/python
 	ROLLCALL_HARNESS_DIR=$(HARNESS_DIR) \
-		$(VENV)/bin/python -m pytest tests/python -q
+		$(VENV)/bin/python -m pytest tests/python -q --ignore=tests/python/test_trainers.py
+	$(TRAINERS_VENV)/bin/python -m pytest tests/python/test_trainers.py -q
 
 # Capture each harness's exchange again into fixtures/<name>/.
 fixtures: $(VENV)/.installed harnesses
@@ -120,4 +127,4 @@ soak: build $(VENV)/.installed
 
 clean:
 	cargo clean
-	rm -rf $(VENV) $(LITELLM_VENV) .harnesses demo-out
+	rm -rf $(VENV) $(LITELLM_VENV) $(TRAINERS_VENV) .harnesses demo-out

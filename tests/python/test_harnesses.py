@@ -348,8 +348,11 @@ def test_live_harness_runs_export_to_datasets(make_proxy, upstream, tmp_path):
     h.wait_for_shards(proxy.url)
     out = tmp_path / "ds"
     for kind in ("sft", "rl"):
-        p = subprocess.run([h.rollcall_bin(), "export", kind, "--shards", str(proxy.shards), "--out", str(out / kind)],
-                           capture_output=True, text=True, timeout=120)
+        # `rollcall run` without --check gives no reward; RL drops unrewarded
+        # rollouts by default (checked below), so ask for 0.
+        extra = ["--missing-reward", "zero"] if kind == "rl" else []
+        p = subprocess.run([h.rollcall_bin(), "export", kind, "--shards", str(proxy.shards), "--out", str(out / kind),
+                            *extra], capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr
     import pyarrow.parquet as pq
     sft = pq.read_table(out / "sft" / "sft.parquet").to_pylist()
@@ -361,6 +364,7 @@ def test_live_harness_runs_export_to_datasets(make_proxy, upstream, tmp_path):
         assert r["status"] == "completed"
     rl = pq.read_table(out / "rl" / "rl.parquet").to_pylist()
     assert sorted(r["rollout_id"] for r in rl) == sorted(f"live-{n}" for n in names)
+    assert json.loads((out / "rl" / "rl_report.json").read_text())["missing_reward"] == len(names)
     for r in rl:
         assert len(r["response_ids"]) == len(r["loss_mask"]) == len(r["logprobs"])
         assert 0 in r["loss_mask"] and 1 in r["loss_mask"], "actions and observations interleaved"
