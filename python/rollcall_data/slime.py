@@ -1,5 +1,5 @@
 """slime: rows of `rollcall export rl --trainer slime` are `Sample` fields
-exactly (`Sample(**row)`, `Sample.from_dict(row)`), with slime's status
+exactly (`Sample.from_dict(row)`, which makes `status` a `Sample.Status`), with slime's status
 values and integer rollout ids; rollcall's own columns are under
 `metadata`. `save_rollout` writes the file slime's
 `--load-debug-rollout-data` (and `forge_load`) reads."""
