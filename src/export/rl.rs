@@ -282,34 +282,13 @@ enum Col {
     Sequences,
     /// verl's `AgentLoopMetrics`, at its defaults (rollcall does not time them).
     VerlMetrics,
-    /// A struct of rollcall's own columns (verl's `extra_fields`, slime's `metadata`).
-    Extra(&'static [(&'static str, Col)]),
+    /// A struct of rollcall's own columns (verl's `extra_fields`, slime's
+    /// `metadata`): the group under this name, then [`TAIL`].
+    Extra(&'static str),
 }
 
 /// rollcall's own columns, kept with every sample.
 const TAIL: &[(&str, Col)] = &[
-    ("sample_id", Col::SampleId),
-    ("rollout_id", Col::RolloutId),
-    ("segment", Col::Segment),
-    ("status", Col::Status),
-    ("model", Col::Model),
-    ("sequences", Col::Sequences),
-];
-
-/// verl's `extra_fields`: the group as `uid` (what GRPO groups by) and the tail.
-const VERL_EXTRA: &[(&str, Col)] = &[
-    ("uid", Col::Group),
-    ("sample_id", Col::SampleId),
-    ("rollout_id", Col::RolloutId),
-    ("segment", Col::Segment),
-    ("status", Col::Status),
-    ("model", Col::Model),
-    ("sequences", Col::Sequences),
-];
-
-/// slime's `metadata`: the group and the tail (the rollout id as rollcall knows it).
-const SLIME_META: &[(&str, Col)] = &[
-    ("group", Col::Group),
     ("sample_id", Col::SampleId),
     ("rollout_id", Col::RolloutId),
     ("segment", Col::Segment),
@@ -340,8 +319,9 @@ fn columns(t: Trainer) -> Vec<(&'static str, Col)> {
                 ("reward_score", Reward),
                 ("num_turns", NumTurns),
                 ("metrics", VerlMetrics),
-                ("extra_fields", Extra(VERL_EXTRA)),
-            ]
+                // The group as `uid`: what GRPO groups by.
+                ("extra_fields", Extra("uid")),
+            ];
         }
         // Exactly `Sample`'s fields: `Sample(**row)` rejects any other key.
         Trainer::Slime => {
@@ -355,7 +335,7 @@ fn columns(t: Trainer) -> Vec<(&'static str, Col)> {
                 ("rollout_log_probs", Logprobs),
                 ("reward", Reward),
                 ("status", SlimeStatus),
-                ("metadata", Extra(SLIME_META)),
+                ("metadata", Extra("group")),
             ]
         }
         Trainer::Trl => vec![
@@ -417,13 +397,17 @@ fn field(name: &str, c: Col) -> Field {
         Col::Reward => (DataType::Float64, true),
         Col::Sequences => (list_of(DataType::Int64), false),
         Col::VerlMetrics => (DataType::Struct(verl_metrics_fields()), false),
-        Col::Extra(cols) => (DataType::Struct(extra_fields(cols)), false),
+        Col::Extra(group) => (DataType::Struct(extra_fields(group)), false),
     };
     Field::new(name, ty, null)
 }
 
-fn extra_fields(cols: &[(&str, Col)]) -> Fields {
-    cols.iter().map(|&(n, c)| field(n, c)).collect()
+fn extra_columns(group: &'static str) -> impl Iterator<Item = (&'static str, Col)> {
+    std::iter::once((group, Col::Group)).chain(TAIL.iter().copied())
+}
+
+fn extra_fields(group: &'static str) -> Fields {
+    extra_columns(group).map(|(n, c)| field(n, c)).collect()
 }
 
 fn schema(t: Trainer) -> SchemaRef {
@@ -506,9 +490,9 @@ fn column(c: Col, rows: &[RlSample]) -> ArrayRef {
             ],
             None,
         )),
-        Col::Extra(cols) => Arc::new(StructArray::new(
-            extra_fields(cols),
-            cols.iter().map(|&(_, c)| column(c, rows)).collect(),
+        Col::Extra(group) => Arc::new(StructArray::new(
+            extra_fields(group),
+            extra_columns(group).map(|(_, c)| column(c, rows)).collect(),
             None,
         )),
     }

@@ -23,6 +23,16 @@ def pytest_configure(config):
 
 
 @pytest.fixture(scope="session")
+def gguf() -> Path:
+    """The shipped GGUF model file (`rollcall model fetch` caches it; make test
+    fetches it), or ROLLCALL_MODEL_FILE; missing is a failure, never a skip."""
+    p = h.model_file()
+    if not p.exists():
+        pytest.fail(f"{p} is missing: run `rollcall model fetch` (make test does) or set ROLLCALL_MODEL_FILE")
+    return p
+
+
+@pytest.fixture(scope="session")
 def upstream(tmp_path_factory):
     """The scripted model server: returns its base URL (no /v1)."""
     proc = h.start_upstream(tmp_path_factory.mktemp("upstream"))

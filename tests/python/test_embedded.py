@@ -34,14 +34,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
-def gguf() -> Path:
-    p = h.model_file()
-    if not p.exists():
-        pytest.fail(f"{p} is missing: run `rollcall model fetch` (make test does) or set ROLLCALL_MODEL_FILE")
-    return p
-
-
-@pytest.fixture(scope="session")
 def hf(gguf):
     tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = transformers.AutoModelForCausalLM.from_pretrained(

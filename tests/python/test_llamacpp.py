@@ -87,14 +87,11 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory):
+def llama(tmp_path_factory, gguf):
     """`python -m llama_cpp.server` on a free loopback port: its base URL (no /v1)."""
     if importlib.util.find_spec("llama_cpp") is None:
         pytest.fail("llama-cpp-python is not installed in this interpreter: "
                     "`make .venv/.llamacpp-installed` (make test does) builds and installs it")
-    gguf = h.model_file()
-    if not gguf.exists():
-        pytest.fail(f"{gguf} is missing: run `rollcall model fetch` (make test does) or set ROLLCALL_MODEL_FILE")
     d = tmp_path_factory.mktemp("llamacpp")
     port = free_port()
     log = open(d / "llama.log", "wb")

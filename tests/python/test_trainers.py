@@ -21,7 +21,6 @@ snippet is taken from docs/datasets.md and executed as written."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -88,14 +87,6 @@ def cli(*args: str) -> str:
     p = subprocess.run([h.rollcall_bin(), *args], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, f"rollcall {' '.join(args)} failed:\n{p.stdout}\n{p.stderr}"
     return p.stdout
-
-
-@pytest.fixture(scope="module")
-def gguf() -> Path:
-    p = h.model_file()
-    if not p.exists():
-        pytest.fail(f"{p} is missing: run `rollcall model fetch` (make test does) or set ROLLCALL_MODEL_FILE")
-    return p
 
 
 @pytest.fixture(scope="module")
