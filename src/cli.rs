@@ -456,7 +456,7 @@ async fn model_cmd(cmd: ModelCommand) -> Result<i32, Box<dyn std::error::Error>>
             let path = crate::model::model_path(&options)?;
             let model = tokio::task::spawn_blocking(move || Model::load(&path, options)).await??;
             let (addr, serve) = serve::bind(model.clone(), listen).await?;
-            let stop = shutdown_signal();
+            let stop = crate::http::shutdown_signal();
             println!("embedded model listening on http://{addr}");
             eprintln!(
                 "serving {} ({}) at http://{addr}/v1",
@@ -482,30 +482,6 @@ fn init_logs(format: &str) {
         builder.json().init();
     } else {
         builder.init();
-    }
-}
-
-/// SIGTERM or Ctrl-C. The handlers are installed when this is called, not
-/// when the future is first polled, so that a signal that comes right after
-/// the ready line (which is printed after this call) is never the default
-/// action, which would kill the process without publishing its shards.
-fn shutdown_signal() -> impl std::future::Future<Output = ()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let term = signal(SignalKind::terminate()).ok();
-    let int = signal(SignalKind::interrupt()).ok();
-    async move {
-        let wait = |s: Option<tokio::signal::unix::Signal>| async move {
-            match s {
-                Some(mut s) => {
-                    s.recv().await;
-                }
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = wait(int) => {},
-            _ = wait(term) => {},
-        }
     }
 }
 
@@ -648,7 +624,7 @@ async fn run(cmd: Command) -> Result<i32, Box<dyn std::error::Error>> {
                 }
             }
             let server = crate::server::Server::bind(cfg).await?;
-            let stop = shutdown_signal();
+            let stop = crate::http::shutdown_signal();
             println!("rollcall listening on http://{}", server.addr);
             tracing::info!(addr = %server.addr, shards = %server.state.config.shards.dir.display(), "serving");
             server.run(stop).await;
@@ -661,7 +637,7 @@ async fn run(cmd: Command) -> Result<i32, Box<dyn std::error::Error>> {
             eprintln!("scripted upstream serves: {apis}");
             tokio::select! {
                 _ = serve => {},
-                _ = shutdown_signal() => {},
+                _ = crate::http::shutdown_signal() => {},
             }
             Ok(0)
         }

@@ -11,6 +11,7 @@ pub mod config;
 pub mod dialect;
 pub mod export;
 pub mod harness;
+pub mod http;
 pub mod model;
 pub mod record;
 pub mod redact;

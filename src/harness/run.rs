@@ -161,17 +161,6 @@ async fn stop_group(child: &mut tokio::process::Child) {
     }
 }
 
-async fn interrupted() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let Ok(mut term) = signal(SignalKind::terminate()) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
-        _ = term.recv() => {},
-    }
-}
-
 /// Run the harness once; returns how it ended.
 pub async fn run(mut spec: RunSpec) -> Result<Outcome, HarnessError> {
     spec.root = absolute(&spec.root)?;
@@ -311,7 +300,7 @@ pub async fn run(mut spec: RunSpec) -> Result<Outcome, HarnessError> {
             stop_group(&mut child).await;
             Outcome::TimedOut
         }
-        _ = interrupted() => {
+        _ = crate::http::shutdown_signal() => {
             stop_group(&mut child).await;
             Outcome::Cancelled
         }

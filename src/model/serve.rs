@@ -17,7 +17,7 @@
 use super::sample::Sampling;
 use super::tools::{self, Splitter};
 use super::{Finish, Model, Step};
-use crate::server::body::{Chunk, ProxyBody};
+use crate::http::{Chunk, ProxyBody};
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
@@ -38,7 +38,7 @@ pub async fn bind(
     model: Arc<Model>,
     addr: SocketAddr,
 ) -> std::io::Result<(SocketAddr, impl std::future::Future<Output = ()>)> {
-    crate::server::serve_plain(addr, move |req| handle(req, model.clone())).await
+    crate::http::serve_plain(addr, move |req| handle(req, model.clone())).await
 }
 
 /// A 4xx/5xx answer with an OpenAI error body.
@@ -58,7 +58,7 @@ fn respond(status: u16, body: ProxyBody, ct: &'static str) -> Response<ProxyBody
 }
 
 fn json_response(v: &Value) -> Response<ProxyBody> {
-    respond(200, ProxyBody::full(v.to_string()), "application/json")
+    crate::http::json_response(200, v)
 }
 
 fn error_body(status: u16, msg: &str) -> Value {
@@ -77,7 +77,7 @@ async fn handle(req: Request<Incoming>, model: Arc<Model>) -> Response<ProxyBody
             "object": "list",
             "data": [{"id": model.name, "object": "model", "created": now(), "owned_by": "rollcall-embedded", "max_model_len": model.context}],
         }))),
-        (&Method::GET, "/health") => Ok(respond(200, ProxyBody::full(""), "text/plain")),
+        (&Method::GET, "/health") => Ok(crate::http::bytes_response(200, "text/plain", "")),
         (&Method::POST, "/v1/chat/completions" | "/tokenize" | "/detokenize") => {
             match read_json(req).await {
                 Ok(body) => match path.as_str() {

@@ -5,7 +5,6 @@
 //! the chunk that completes the terminal event when streaming) are released
 //! only after the call's end is in the write-ahead log.
 
-use super::body::{Abort, Chunk, ProxyBody};
 use super::metrics::{ApiLabel, CallLabels, ClassLabel, ReasonLabel};
 use super::routes::error_response;
 use super::State;
@@ -14,6 +13,7 @@ use crate::dialect::sse;
 use crate::dialect::terminal::Detector;
 use crate::dialect::translate::{self, StreamTranslator};
 use crate::dialect::{ApiError, WireApi};
+use crate::http::{bytes_response, Abort, Chunk, ProxyBody};
 use crate::record::{CallBegin, CallMeta, CallOutcome, CallStatus, FailureClass};
 use crate::redact::redacted;
 use crate::upstream::capture::{self, Asked, CaptureKind, ChunkFate};
@@ -305,7 +305,7 @@ impl Call {
         {
             return error_response(self.api, &e);
         }
-        super::routes::bytes_response(err.status, "application/json", body)
+        bytes_response(err.status, "application/json", body)
     }
 
     /// Record a stream the harness walked away from.

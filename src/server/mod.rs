@@ -9,7 +9,6 @@
 //! reading a whole body; a stream's pump gives up on such a reader after
 //! the idle timeout itself), and its request head after 30 s.
 
-pub mod body;
 pub mod call;
 pub mod metrics;
 pub mod routes;
@@ -303,43 +302,6 @@ impl Server {
         recorder_task.shutdown().await;
         tracing::info!("all rows published");
     }
-}
-
-/// Serve `handler` on `addr` (HTTP/1 and HTTP/2) until the process ends,
-/// for the model servers that run beside the proxy: the scripted upstream
-/// and the embedded model. Returns the bound address and the accept loop.
-pub async fn serve_plain<F, Fut>(
-    addr: SocketAddr,
-    handler: F,
-) -> std::io::Result<(SocketAddr, impl std::future::Future<Output = ()>)>
-where
-    F: Fn(http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
-    Fut: std::future::Future<Output = http::Response<body::ProxyBody>> + Send + 'static,
-{
-    let listener = TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
-    let fut = async move {
-        let builder =
-            hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
-            };
-            let _ = stream.set_nodelay(true);
-            let handler = handler.clone();
-            let svc = hyper::service::service_fn(move |req| {
-                let fut = handler(req);
-                async move { Ok::<_, std::convert::Infallible>(fut.await) }
-            });
-            let conn = builder
-                .serve_connection(TokioIo::new(stream), svc)
-                .into_owned();
-            tokio::spawn(async move {
-                let _ = conn.await;
-            });
-        }
-    };
-    Ok((local, fut))
 }
 
 #[cfg(test)]

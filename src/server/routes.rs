@@ -11,14 +11,14 @@
 //! POST [/rollouts/<id>]/v1/messages          ┘
 //! ```
 
-use super::body::ProxyBody;
 use super::slots::Slotted;
 use super::{call, State};
 use crate::dialect::{ApiError, WireApi};
+use crate::http::{bytes_response, json_response, ProxyBody};
 use crate::record::RolloutFinish;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use http::{header, HeaderMap, Method, Request, Response, StatusCode};
+use http::{header, HeaderMap, Method, Request, Response};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde::Deserialize;
@@ -84,28 +84,6 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<Slotted> {
                 .map(|b| Slotted::new(b, Some(slot)))
         }
     }
-}
-
-/// A JSON response.
-pub fn json_response(status: u16, body: &Value) -> Response<ProxyBody> {
-    bytes_response(
-        status,
-        "application/json",
-        serde_json::to_vec(body).unwrap_or_default(),
-    )
-}
-
-pub fn bytes_response(
-    status: u16,
-    content_type: &str,
-    body: impl Into<Bytes>,
-) -> Response<ProxyBody> {
-    let mut r = Response::new(ProxyBody::full(body));
-    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    if let Ok(v) = content_type.parse() {
-        r.headers_mut().insert(header::CONTENT_TYPE, v);
-    }
-    r
 }
 
 /// An error in the given API's format.

@@ -2,7 +2,7 @@
 //! its slot until the last byte of its answer has gone out (a stream's slot
 //! travels with its body), and a bounded wait for a free one.
 
-use super::body::ProxyBody;
+use crate::http::ProxyBody;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use std::pin::Pin;

@@ -54,7 +54,7 @@
 //! rendered by a toy chat template (`chat_prompt`; Chat Completions only) and
 //! of the generated text (`generated_text`), so ids extend turn by turn.
 
-use crate::server::body::{Chunk, ProxyBody};
+use crate::http::{Chunk, ProxyBody};
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
@@ -203,7 +203,7 @@ pub async fn bind_with(
     apis: Apis,
 ) -> std::io::Result<(SocketAddr, impl std::future::Future<Output = ()>)> {
     let counter = Arc::new(AtomicU64::new(0));
-    crate::server::serve_plain(addr, move |req| {
+    crate::http::serve_plain(addr, move |req| {
         let counter = counter.clone();
         async move {
             match handle(req, counter, apis).await {

@@ -1,0 +1,15 @@
+//! The HTTP plumbing shared by every server in the binary (the proxy, the
+//! embedded model's server) and by the scripted upstream: the response body
+//! type, plain responses, the accept loop and shutdown signals.
+//!
+//! It knows no wire API and imports nothing else of the crate.
+
+pub mod body;
+pub mod respond;
+pub mod serve;
+pub mod signal;
+
+pub use body::{Abort, Chunk, ProxyBody};
+pub use respond::{bytes_response, json_response};
+pub use serve::serve_plain;
+pub use signal::shutdown_signal;
