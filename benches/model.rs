@@ -6,7 +6,8 @@
 //! Run with `cargo bench --bench model` (`make bench` does).
 
 use rollcall::model::sample::Sampling;
-use rollcall::model::{Model, Options, Step};
+use rollcall::config::EmbeddedConfig;
+use rollcall::model::{Model, Step};
 use std::time::{Duration, Instant};
 
 /// Tokens of a prompt and how long the phases took.
@@ -79,7 +80,7 @@ fn main() {
         std::process::exit(1);
     }
     let t = Instant::now();
-    let model = Model::load(&path, Options::default()).expect("load the model");
+    let model = Model::load(&path, EmbeddedConfig::default()).expect("load the model");
     println!(
         "embedded model {} ({}), {} cores: loaded in {:.2} s",
         model.name,

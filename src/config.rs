@@ -214,7 +214,47 @@ pub struct RouteConfig {
     pub unsupported: crate::dialect::translate::Unsupported,
     /// The model of a `kind = "embedded"` route (`[routes.embedded]`).
     #[serde(default)]
-    pub embedded: crate::model::Options,
+    pub embedded: EmbeddedConfig,
+}
+
+/// How an embedded route's model is run: the `[routes.embedded]` table.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EmbeddedConfig {
+    /// The GGUF file; by default the model `rollcall model fetch` caches.
+    pub model_file: Option<PathBuf>,
+    /// The model name served (`/v1/models`); by default the file's stem.
+    pub name: Option<String>,
+    /// `max_tokens` for calls that set none (vLLM would use the whole
+    /// remaining context, which a small model fills with rambling).
+    pub default_max_tokens: usize,
+    /// `temperature` for calls that set none.
+    pub default_temperature: f64,
+    /// KV caches kept for conversations in progress.
+    pub kv_slots: usize,
+    /// Generations queued behind the one running; a call beyond them is
+    /// answered 503 with `Retry-After` at once.
+    pub queue: usize,
+    /// Compute in f32 from weights dequantized at load. On, greedy output
+    /// matches `transformers` (which dequantizes GGUF files the same way)
+    /// to the token; candle's quantized CPU kernels answered SmolLM2's Q4_1
+    /// file with wrong logits, and at 135M parameters f32 is also faster.
+    /// Turn off for models too large to hold in f32 (4 bytes a parameter).
+    pub dequantize: bool,
+}
+
+impl Default for EmbeddedConfig {
+    fn default() -> Self {
+        Self {
+            model_file: None,
+            name: None,
+            default_max_tokens: 1024,
+            default_temperature: 1.0,
+            kv_slots: 4,
+            queue: 64,
+            dequantize: true,
+        }
+    }
 }
 
 /// The kind of model server behind a route.

@@ -6,6 +6,7 @@
 //! how to parse, assemble streams, normalize and format errors.
 //! See `docs/architecture.md`.
 
+pub mod app;
 pub mod cli;
 pub mod config;
 pub mod dialect;

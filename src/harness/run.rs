@@ -165,9 +165,9 @@ async fn stop_group(child: &mut tokio::process::Child) {
 pub async fn run(mut spec: RunSpec) -> Result<Outcome, HarnessError> {
     spec.root = absolute(&spec.root)?;
     let a = &spec.adapter;
-    crate::server::routes::check_rollout_id(&spec.rollout).map_err(|e| HarnessError::Adapter {
+    crate::record::check_rollout_id(&spec.rollout).map_err(|e| HarnessError::Adapter {
         name: a.name.clone(),
-        message: e.message,
+        message: e.to_string(),
     })?;
     let bin = a.bin(&spec.root);
     if !bin.exists() {

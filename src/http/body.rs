@@ -90,3 +90,45 @@ impl Body for ProxyBody {
         }
     }
 }
+
+/// A body that holds `T` (a call slot, an in-flight count) until it is
+/// dropped: when its last byte is written, or when the client goes away.
+pub struct Held<B, T> {
+    body: B,
+    _held: Option<T>,
+}
+
+impl<B, T> Held<B, T> {
+    pub fn new(body: B, held: Option<T>) -> Self {
+        Self { body, _held: held }
+    }
+}
+
+impl<B, T> From<ProxyBody> for Held<B, T>
+where
+    B: From<ProxyBody>,
+{
+    fn from(body: ProxyBody) -> Self {
+        Self::new(B::from(body), None)
+    }
+}
+
+impl<B: Body + Unpin, T: Unpin> Body for Held<B, T> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}

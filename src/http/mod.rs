@@ -9,7 +9,7 @@ pub mod respond;
 pub mod serve;
 pub mod signal;
 
-pub use body::{Abort, Chunk, ProxyBody};
+pub use body::{Abort, Chunk, Held, ProxyBody};
 pub use respond::{bytes_response, json_response};
 pub use serve::serve_plain;
 pub use signal::shutdown_signal;

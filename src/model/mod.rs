@@ -63,45 +63,7 @@ impl From<candle_core::Error> for ModelError {
     }
 }
 
-/// How the embedded model is run; the `[routes.embedded]` table.
-#[derive(Debug, Clone, serde::Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Options {
-    /// The GGUF file; by default the model `rollcall model fetch` caches.
-    pub model_file: Option<PathBuf>,
-    /// The model name served (`/v1/models`); by default the file's stem.
-    pub name: Option<String>,
-    /// `max_tokens` for calls that set none (vLLM would use the whole
-    /// remaining context, which a small model fills with rambling).
-    pub default_max_tokens: usize,
-    /// `temperature` for calls that set none.
-    pub default_temperature: f64,
-    /// KV caches kept for conversations in progress.
-    pub kv_slots: usize,
-    /// Generations queued behind the one running; a call beyond them is
-    /// answered 503 with `Retry-After` at once.
-    pub queue: usize,
-    /// Compute in f32 from weights dequantized at load. On, greedy output
-    /// matches `transformers` (which dequantizes GGUF files the same way)
-    /// to the token; candle's quantized CPU kernels answered SmolLM2's Q4_1
-    /// file with wrong logits, and at 135M parameters f32 is also faster.
-    /// Turn off for models too large to hold in f32 (4 bytes a parameter).
-    pub dequantize: bool,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Self {
-            model_file: None,
-            name: None,
-            default_max_tokens: 1024,
-            default_temperature: 1.0,
-            kv_slots: 4,
-            queue: 64,
-            dequantize: true,
-        }
-    }
-}
+use crate::config::EmbeddedConfig;
 
 /// One step of a generation, sent as soon as it is known.
 #[derive(Debug, Clone, PartialEq)]
@@ -147,7 +109,7 @@ pub struct Model {
     pub template: template::ChatTemplate,
     /// Tokens of prompt and answer together the model can attend to.
     pub context: usize,
-    pub options: Options,
+    pub options: EmbeddedConfig,
     jobs: mpsc::SyncSender<Job>,
 }
 
@@ -173,7 +135,7 @@ fn md_str<'a>(
 
 impl Model {
     /// Load a llama-architecture GGUF file and start its worker.
-    pub fn load(path: &Path, options: Options) -> Result<Arc<Model>, ModelError> {
+    pub fn load(path: &Path, options: EmbeddedConfig) -> Result<Arc<Model>, ModelError> {
         let read_err = |message: String| ModelError::Read {
             path: path.into(),
             message,
@@ -446,7 +408,7 @@ impl Worker {
 }
 
 /// The GGUF file a route's options name, or the fetched default model.
-pub fn model_path(options: &Options) -> Result<PathBuf, ModelError> {
+pub fn model_path(options: &EmbeddedConfig) -> Result<PathBuf, ModelError> {
     match &options.model_file {
         Some(p) => Ok(p.clone()),
         None => {
@@ -465,11 +427,11 @@ pub fn model_path(options: &Options) -> Result<PathBuf, ModelError> {
     }
 }
 
-/// Load the model of an embedded route and serve it on a loopback port of
-/// this process; the route's `url` is set to it.
-pub async fn start_route(route: &mut crate::config::RouteConfig) -> Result<(), ModelError> {
-    let path = model_path(&route.embedded)?;
-    let options = route.embedded.clone();
+/// Load the model `options` name and serve it on a loopback port of this
+/// process; returns the server's base URL (`http://127.0.0.1:PORT/v1`).
+pub async fn start(options: &EmbeddedConfig) -> Result<String, ModelError> {
+    let path = model_path(options)?;
+    let options = options.clone();
     let started = std::time::Instant::now();
     let model = tokio::task::spawn_blocking(move || Model::load(&path, options))
         .await
@@ -478,8 +440,7 @@ pub async fn start_route(route: &mut crate::config::RouteConfig) -> Result<(), M
         .await
         .map_err(|e| ModelError::Compute(format!("cannot bind the model server: {e}")))?;
     tokio::spawn(serve);
-    tracing::info!(route = %route.name, model = %model.name, file = %model.path.display(),
+    tracing::info!(model = %model.name, file = %model.path.display(),
         context = model.context, load_ms = started.elapsed().as_millis() as u64, "embedded model loaded");
-    route.url = format!("http://{addr}/v1");
-    Ok(())
+    Ok(format!("http://{addr}/v1"))
 }

@@ -15,6 +15,7 @@
 //! (calls cut off by a crash become `incomplete` rows), exactly once.
 
 pub mod replay;
+mod rollout_id;
 pub mod row;
 pub mod shard;
 pub mod wal;
@@ -25,6 +26,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 
+pub use rollout_id::{check_rollout_id, InvalidRolloutId};
 pub use row::{CallRow, RolloutRow};
 
 /// Version of the shard schema, also written into each file's metadata.

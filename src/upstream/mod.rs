@@ -5,7 +5,7 @@
 pub mod capture;
 pub mod scripted;
 
-use crate::config::{Config, ConfigError, RouteConfig, RouteKind};
+use crate::config::{ConfigError, RouteConfig, RouteKind};
 use crate::dialect::translate::Unsupported;
 use crate::dialect::WireApi;
 use bytes::Bytes;
@@ -172,19 +172,12 @@ impl Route {
             .chain(self.model_map.keys().map(String::as_str))
     }
 
-    pub fn has_key(&self) -> bool {
-        self.api_key.is_some()
-    }
-
-    /// Send a request to `base_url + endpoint`, retrying connection errors,
-    /// and wait (at most `response_timeout`) for the response head.
-    pub async fn send(
-        &self,
-        method: Method,
-        endpoint: &str,
-        mut headers: HeaderMap,
-        body: Bytes,
-    ) -> Result<reqwest::Response, UpstreamError> {
+    /// Where the call's key goes: the route's own key (when it has one) in
+    /// the header its kind of server reads (`x-api-key` for Anthropic,
+    /// `Authorization: Bearer` otherwise); else the harness's own, moved
+    /// from `x-api-key` to a Bearer token when a Messages call was
+    /// translated for a server that takes Bearer tokens.
+    fn place_key(&self, headers: &mut HeaderMap, translated: bool) {
         if let Some(key) = &self.api_key {
             headers.remove(http::header::AUTHORIZATION);
             headers.remove("x-api-key");
@@ -195,7 +188,31 @@ impl Route {
             } else if let Ok(v) = HeaderValue::from_str(&format!("Bearer {key}")) {
                 headers.insert(http::header::AUTHORIZATION, v);
             }
+        } else if translated {
+            if let Some(k) = headers.remove("x-api-key") {
+                if !headers.contains_key(http::header::AUTHORIZATION) {
+                    let bearer = [b"Bearer ", k.as_bytes()].concat();
+                    if let Ok(v) = HeaderValue::from_bytes(&bearer) {
+                        headers.insert(http::header::AUTHORIZATION, v);
+                    }
+                }
+            }
         }
+    }
+
+    /// Send a request to `base_url + endpoint`, retrying connection errors,
+    /// and wait (at most `response_timeout`) for the response head.
+    /// `translated`: the body is a translation into another API than the
+    /// harness's.
+    pub async fn send(
+        &self,
+        method: Method,
+        endpoint: &str,
+        mut headers: HeaderMap,
+        body: Bytes,
+        translated: bool,
+    ) -> Result<reqwest::Response, UpstreamError> {
+        self.place_key(&mut headers, translated);
         if self.kind == RouteKind::Anthropic && !headers.contains_key("anthropic-version") {
             headers.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
         }
@@ -288,15 +305,13 @@ pub struct RouteTable {
 }
 
 impl RouteTable {
-    pub fn from_config(cfg: &Config) -> Result<Self, ConfigError> {
-        let routes: Vec<Arc<Route>> = cfg
-            .routes
+    /// The routes `configs` name; `default` is the default route's name.
+    pub fn new(configs: &[RouteConfig], default: Option<&str>) -> Result<Self, ConfigError> {
+        let routes: Vec<Arc<Route>> = configs
             .iter()
             .map(|r| Route::new(r).map(Arc::new))
             .collect::<Result<_, _>>()?;
-        let default = cfg
-            .default_route_name()
-            .and_then(|d| routes.iter().find(|r| r.name == d).cloned());
+        let default = default.and_then(|d| routes.iter().find(|r| r.name == d).cloned());
         Ok(Self { routes, default })
     }
 
@@ -319,6 +334,7 @@ impl RouteTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
 
     #[test]
     fn selects_by_model_then_default() {
@@ -336,7 +352,7 @@ url = "http://127.0.0.1:2/v1"
 "#,
         )
         .unwrap();
-        let t = RouteTable::from_config(&cfg).unwrap();
+        let t = RouteTable::new(&cfg.routes, cfg.default_route_name()).unwrap();
         assert_eq!(t.select(Some("qwen-3")).unwrap().name, "a");
         assert_eq!(t.select(Some("exact")).unwrap().name, "a");
         assert_eq!(t.select(Some("gpt-4o")).unwrap().name, "a");

@@ -1,0 +1,86 @@
+//! The composition root of `rollcall serve`: the one place that sees the
+//! whole [`Config`] and builds the program from it.
+//!
+//! ```text
+//! Config ─validate─▶ embedded routes started (model) ─▶ RouteTable (upstream)
+//!                    Recorder + WAL replay (record)  ─▶ Server (server) ─▶ run
+//! ```
+//!
+//! Every other module takes only its own section of the config.
+
+use crate::config::{Config, ConfigError, RouteKind};
+use crate::record::Recorder;
+use crate::server::{Parts, Server};
+use crate::upstream::RouteTable;
+use std::collections::HashSet;
+
+/// Why `rollcall serve` could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// {0}
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// could not start recording: {0}
+    #[error("could not start recording: {0}")]
+    Record(#[from] crate::record::RecordError),
+    /// the embedded model did not start: {0}
+    #[error("the embedded model did not start: {0}")]
+    Model(#[from] crate::model::ModelError),
+    /// {0}
+    #[error(transparent)]
+    Listen(#[from] crate::server::ListenError),
+}
+
+/// Build a server from `config`: validate it, start the embedded routes'
+/// models, build the routes, replay the WAL and start recording, bind.
+pub async fn build(mut config: Config) -> Result<Server, StartError> {
+    config.validate()?;
+    for route in &mut config.routes {
+        if route.kind == RouteKind::Embedded {
+            route.url = crate::model::start(&route.embedded).await?;
+            tracing::info!(route = %route.name, url = %route.url, "embedded route started");
+        }
+    }
+    let routes = RouteTable::new(&config.routes, config.default_route_name())?;
+    let client_keys = match &config.server.client_keys_env {
+        Some(var) => Some(client_keys(var)?),
+        None => None,
+    };
+    let (recorder, recorder_task, recovered) = Recorder::start(&config.shards)?;
+    if recovered.replayed_calls > 0 {
+        tracing::info!(
+            replayed = recovered.replayed_calls,
+            incomplete = recovered.incomplete_calls,
+            "recovered calls from the write-ahead log"
+        );
+    }
+    let server = Server::bind(Parts {
+        server: config.server,
+        rollouts: config.rollouts,
+        on_wal_error: config.shards.on_wal_error,
+        routes,
+        recorder,
+        recorder_task,
+        next_sequence: recovered.next_sequence,
+        client_keys,
+    })
+    .await?;
+    Ok(server)
+}
+
+/// The client keys in environment variable `var`, comma-separated; each is
+/// registered with the redactor so that no log or row shows it.
+fn client_keys(var: &str) -> Result<HashSet<String>, ConfigError> {
+    let v = std::env::var(var)
+        .map_err(|_| ConfigError::Invalid(format!("server.client_keys_env: {var} is not set")))?;
+    let keys: HashSet<String> = v
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    for k in &keys {
+        crate::redact::register_secret(k);
+    }
+    Ok(keys)
+}

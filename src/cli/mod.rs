@@ -1,0 +1,117 @@
+//! The `rollcall` command line: one file per subcommand. Each parses its
+//! own flags; `serve` hands its [`Config`](crate::config::Config) to
+//! [`app`](crate::app), the composition root.
+
+mod export;
+mod harness;
+mod model;
+mod run;
+mod serve;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "rollcall",
+    version,
+    about = "OpenAI-compatible recording proxy for agent harnesses"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Log format on stderr.
+    #[arg(long, global = true, default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy.
+    Serve(serve::Serve),
+    /// The embedded model: fetch the default one, or serve one alone.
+    Model {
+        #[command(subcommand)]
+        command: model::ModelCommand,
+    },
+    /// Install and list agent harnesses (see harness-adapters/).
+    Harness {
+        #[command(subcommand)]
+        command: harness::HarnessCommand,
+    },
+    /// Run one rollout of an unmodified agent harness through the proxy, then
+    /// finish the rollout with its exit status and duration.
+    Run(run::Run),
+    /// Turn shards into training datasets (see docs/datasets.md).
+    Export {
+        #[command(subcommand)]
+        command: export::ExportCommand,
+    },
+    /// Import trajectories from another dataset format into shards.
+    Import {
+        #[command(subcommand)]
+        command: export::ImportCommand,
+    },
+    /// Summarize shards: rollouts, calls, tokens, failures, rewards,
+    /// mismatches; or show one rollout as a readable transcript.
+    Inspect(export::Inspect),
+}
+
+fn init_logs(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ROLLCALL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(|| crate::redact::Stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn exit(r: Result<i32, Box<dyn std::error::Error>>) -> ExitCode {
+    match r {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logs(&cli.log_format);
+    // The commands that need no async runtime.
+    let done = |r: Result<(), Box<dyn std::error::Error>>| exit(r.map(|()| 0));
+    let cmd = match cli.command {
+        Command::Harness { command } => return done(harness::run(command)),
+        Command::Export { command } => return done(export::export(command)),
+        Command::Import { command } => return done(export::import(command)),
+        Command::Inspect(i) => return done(i.run()),
+        other => other,
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: could not start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    exit(rt.block_on(async move {
+        match cmd {
+            Command::Serve(s) => s.run().await,
+            Command::Run(r) => r.run().await,
+            Command::Model { command } => model::run(command).await,
+            Command::Harness { .. }
+            | Command::Export { .. }
+            | Command::Import { .. }
+            | Command::Inspect(_) => unreachable!("handled before the runtime starts"),
+        }
+    }))
+}

@@ -1,0 +1,147 @@
+//! The proxy path of one call: prepare it, send it, pass the answer back as
+//! it arrives (`whole` or `stream`), and record it (`record`). Every way it
+//! can fail is one [`ProxyError`] or [`StreamError`] (`error`).
+//!
+//! The last bytes the harness receives (the whole body when not streaming,
+//! the chunk that completes the terminal event when streaming) are released
+//! only after the call's end is in the write-ahead log.
+
+mod error;
+mod prepare;
+mod record;
+mod stream;
+mod whole;
+
+pub use error::{ProxyError, StreamError};
+pub use prepare::upstream_headers;
+pub use record::error_response;
+
+use super::State;
+use crate::dialect::{ApiError, WireApi};
+use crate::http::ProxyBody;
+use crate::record::{CallBegin, CallMeta};
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use record::Call;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Hop-by-hop headers of the upstream's answer.
+const DROP_RESPONSE: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+];
+
+/// A new call's metadata: its id, and its place in its rollout.
+fn meta(state: &State, api: WireApi, rollout: &str, user_agent: Option<String>) -> CallMeta {
+    CallMeta {
+        call_id: uuid::Uuid::now_v7().to_string(),
+        sequence: state.sequencer.take(rollout),
+        rollout_id: rollout.to_owned(),
+        wire_api: api.as_str().into(),
+        route: None,
+        model: None,
+        upstream_model: None,
+        stream: false,
+        received_at: crate::now_micros(),
+        user_agent,
+        upstream_api: None,
+    }
+}
+
+/// Proxy and record one call of `rollout`.
+pub async fn proxy(
+    state: Arc<State>,
+    api: WireApi,
+    rollout: &str,
+    req: Request<Incoming>,
+) -> Response<ProxyBody> {
+    let started = Instant::now();
+    let (parts, body) = req.into_parts();
+    let user_agent = parts
+        .headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let meta = meta(&state, api, rollout, user_agent);
+    let p = match prepare::prepare(&state, api, meta, parts.uri.query(), body).await {
+        Ok(p) => p,
+        Err((begin, e)) => return Call::new(&state, api, begin, started).fail(e).await,
+    };
+    let translated = p.translated();
+    let body = p.body();
+    let mut call = Call::new(&state, api, p.begin, started);
+    call.log_begin().await;
+    let headers = upstream_headers(&parts.headers, state.client_keys.is_some());
+    let sent = p
+        .route
+        .send(Method::POST, &p.endpoint, headers, body, translated)
+        .await;
+    let resp = match sent {
+        Ok(r) => r,
+        Err(e) => return call.fail(e.into()).await,
+    };
+    call.mark_first_byte();
+    let status = resp.status();
+    let mut out = Response::new(ProxyBody::Full(None));
+    *out.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    for (k, v) in resp.headers() {
+        if !DROP_RESPONSE.contains(&k.as_str()) {
+            out.headers_mut().append(k.clone(), v.clone());
+        }
+    }
+    let is_sse = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("text/event-stream"));
+    if !(is_sse && status.is_success()) {
+        return whole::answer(call, &p.route, resp, translated, p.strip, out).await;
+    }
+    // The head goes out now, before the end: the start must be on disk.
+    if let Err(e) = call.start_written().await {
+        return call.fail(e).await;
+    }
+    let translate = translated.then_some(api);
+    *out.body_mut() = stream::start(call, p.route, resp, translate, p.strip);
+    out
+}
+
+/// Answer a call that is refused before it is proxied (a bad client key,
+/// rollout id or path; no free slot), counted in `rollcall_rejected_calls_total`
+/// by reason, and recorded as a failed call when its rollout is known.
+pub async fn reject(
+    state: &Arc<State>,
+    api: WireApi,
+    rollout: Option<&str>,
+    err: &ApiError,
+) -> Response<ProxyBody> {
+    state
+        .metrics
+        .rejected
+        .get_or_create(&super::metrics::ReasonLabel { reason: err.code })
+        .inc();
+    let Some(rollout) = rollout else {
+        return error_response(api, err);
+    };
+    let begin = CallBegin {
+        meta: meta(state, api, rollout, None),
+        request: Bytes::new(),
+        upstream_request: None,
+    };
+    let mut resp = Call::new(state, api, begin, Instant::now())
+        .fail(ProxyError::Refused(err.clone()))
+        .await;
+    if err.status == 503 {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+    }
+    resp
+}

@@ -1,0 +1,252 @@
+//! A call's record: its begin, its end and its failure, and the metrics
+//! counted with them. A call dropped before its end (the harness went away,
+//! or the proxy failed) is recorded as such by `Drop`.
+
+use super::error::{ProxyError, StreamError};
+use super::State;
+use crate::config::OnWalError;
+use crate::dialect::{ApiError, WireApi};
+use crate::http::{bytes_response, ProxyBody};
+use crate::record::{CallBegin, CallOutcome, CallStatus, FailureClass, RecordError};
+use crate::redact::redacted;
+use crate::server::metrics::{ApiLabel, CallLabels, ClassLabel};
+use bytes::Bytes;
+use http::Response;
+use std::sync::Arc;
+use std::time::Instant;
+
+type BeginWritten =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), RecordError>> + Send>>;
+
+/// One call on its way: what is known of it, and how far its record got.
+pub struct Call {
+    pub state: Arc<State>,
+    pub api: WireApi,
+    begin: Arc<CallBegin>,
+    pub started: Instant,
+    first_byte_at: Option<i64>,
+    began: bool,
+    /// Resolves once its start is in the WAL (taken by `start_written`).
+    begin_written: Option<BeginWritten>,
+    /// Its end is queued for the WAL.
+    ended: bool,
+    /// The upstream's body, recorded beside the harness's when they differ.
+    pub upstream_response: Option<Bytes>,
+}
+
+impl Call {
+    pub fn new(state: &Arc<State>, api: WireApi, begin: CallBegin, started: Instant) -> Self {
+        Self {
+            state: state.clone(),
+            api,
+            begin: Arc::new(begin),
+            started,
+            first_byte_at: None,
+            began: false,
+            begin_written: None,
+            ended: false,
+            upstream_response: None,
+        }
+    }
+
+    /// Queue the call's start for the WAL (once).
+    pub async fn log_begin(&mut self) {
+        if !self.began {
+            match self.state.recorder.begin(self.begin.clone()).await {
+                Ok(written) => self.begin_written = Some(Box::pin(written)),
+                Err(e) => tracing::error!(error = %e, "could not log call start"),
+            }
+            self.began = true;
+        }
+    }
+
+    /// Wait until the call's start is in the WAL, so that a stream's head
+    /// is never seen by a client for a call that has no record (a SIGKILL
+    /// then leaves an `incomplete` row). Usually already done: the start
+    /// was queued before the upstream was asked. Under
+    /// `on_wal_error = "fail"`, a start the WAL could not take is the
+    /// harness's 503 instead of the head.
+    pub async fn start_written(&mut self) -> Result<(), ProxyError> {
+        self.log_begin().await;
+        let Some(written) = self.begin_written.take() else {
+            return Ok(());
+        };
+        let Err(e) = written.await else {
+            return Ok(());
+        };
+        tracing::error!(error = %e, call_id = %self.begin.meta.call_id, "could not record the call's start");
+        match self.state.on_wal_error {
+            OnWalError::Serve => Ok(()),
+            OnWalError::Fail => Err(ProxyError::Unrecorded(e)),
+        }
+    }
+
+    fn count(&self, status: CallStatus, class: Option<FailureClass>) {
+        let m = &self.state.metrics;
+        let wire_api = self.api.as_str();
+        m.calls
+            .get_or_create(&CallLabels {
+                wire_api,
+                status: status.as_str(),
+            })
+            .inc();
+        m.duration
+            .get_or_create(&ApiLabel { wire_api })
+            .observe(self.started.elapsed().as_secs_f64());
+        if let Some(class) = class {
+            m.errors
+                .get_or_create(&ClassLabel {
+                    class: class.as_str(),
+                })
+                .inc();
+        }
+    }
+
+    fn outcome(
+        &self,
+        status: CallStatus,
+        http_status: Option<u16>,
+        failure: Option<(FailureClass, String)>,
+    ) -> CallOutcome {
+        let (failure_class, failure_message) =
+            failure.map_or((None, None), |(c, m)| (Some(c), Some(redacted(&m))));
+        CallOutcome {
+            call_id: self.begin.meta.call_id.clone(),
+            status,
+            http_status,
+            failure_class,
+            failure_message,
+            first_byte_at: self.first_byte_at,
+            done_at: crate::now_micros(),
+        }
+    }
+
+    /// Record the call's end; returns once it is in the WAL. When the WAL
+    /// cannot take it and `shards.on_wal_error = "fail"`, returns the error
+    /// the harness gets instead of its answer; the call is then recorded as
+    /// that failure once the WAL takes writes again.
+    pub async fn end(
+        &mut self,
+        status: CallStatus,
+        http_status: u16,
+        failure: Option<(FailureClass, String)>,
+        response: Bytes,
+    ) -> Result<(), ApiError> {
+        self.log_begin().await;
+        self.count(status, failure.as_ref().map(|f| f.0));
+        if let Some((class, msg)) = &failure {
+            tracing::info!(
+                call_id = %self.begin.meta.call_id,
+                rollout = %self.begin.meta.rollout_id,
+                class = class.as_str(),
+                "call failed: {msg}"
+            );
+        }
+        let outcome = self.outcome(status, Some(http_status), failure);
+        let upstream = self.upstream_response.take();
+        let recorder = &self.state.recorder;
+        let result = match recorder.submit_end(outcome, response, upstream).await {
+            Ok(ack) => {
+                self.ended = true;
+                ack.await
+            }
+            Err(e) => {
+                self.ended = true;
+                Err(e)
+            }
+        };
+        let Err(e) = result else {
+            return Ok(());
+        };
+        self.state.metrics.unrecorded.inc();
+        tracing::error!(error = %e, call_id = %self.begin.meta.call_id, "could not record the call's end");
+        // The WAL writes the end again once the disk takes writes, as what
+        // the harness got: the answer, or under "fail" this 503.
+        match self.state.on_wal_error {
+            OnWalError::Serve => Ok(()),
+            OnWalError::Fail => Err(crate::record::unrecorded_error(&e)),
+        }
+    }
+
+    /// Record a stream that ended in `e` at HTTP status 200 (its head had
+    /// gone out), with what the harness got of it.
+    pub async fn end_stream(&mut self, e: &StreamError, response: Bytes) -> Result<(), ApiError> {
+        let failure = Some((e.class(), e.to_string()));
+        self.end(CallStatus::Failed, 200, failure, response).await
+    }
+
+    /// Answer with an error in the harness's API format, and record it.
+    pub async fn fail(mut self, e: ProxyError) -> Response<ProxyBody> {
+        let (class, mut err) = e.classify();
+        err.message = redacted(&err.message);
+        let body = Bytes::from(self.api.error_body(&err));
+        let msg = err.message.clone();
+        if let Err(e) = self
+            .end(
+                CallStatus::Failed,
+                err.status,
+                Some((class, msg)),
+                body.clone(),
+            )
+            .await
+        {
+            return error_response(self.api, &e);
+        }
+        bytes_response(err.status, "application/json", body)
+    }
+
+    pub fn mark_first_byte(&mut self) {
+        if self.first_byte_at.is_none() {
+            self.first_byte_at = Some(crate::now_micros());
+            self.state
+                .metrics
+                .ttfb
+                .get_or_create(&ApiLabel {
+                    wire_api: self.api.as_str(),
+                })
+                .observe(self.started.elapsed().as_secs_f64());
+        }
+    }
+}
+
+/// An error in the given API's format.
+pub fn error_response(api: WireApi, err: &ApiError) -> Response<ProxyBody> {
+    bytes_response(err.status, "application/json", api.error_body(err))
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (class, msg) = if std::thread::panicking() {
+            (
+                FailureClass::Internal,
+                "the proxy failed while handling this call",
+            )
+        } else {
+            (
+                FailureClass::ClientDisconnected,
+                "the client disconnected before the answer was ready",
+            )
+        };
+        self.count(CallStatus::Failed, Some(class));
+        let outcome = self.outcome(CallStatus::Failed, None, Some((class, msg.into())));
+        let recorder = self.state.recorder.clone();
+        let begin = (!self.began).then(|| self.begin.clone());
+        let upstream = self.upstream_response.take();
+        self.state.tasks.spawn_on(
+            async move {
+                if let Some(b) = begin {
+                    // Queued ahead of the end; no need to wait for it.
+                    let _ = recorder.begin(b).await;
+                }
+                let _ = recorder.end(outcome, Bytes::new(), upstream).await;
+            },
+            &rt,
+        );
+    }
+}

@@ -1,0 +1,299 @@
+//! A streamed answer: forwarded chunk by chunk as it arrives (translated
+//! and stripped of token-capture fields on the way when the call needs
+//! it), a copy collected for the record. The chunk that completes the
+//! terminal event is released only once the call's end is in the WAL.
+
+use super::error::StreamError;
+use super::prepare::Strip;
+use super::record::Call;
+use crate::dialect::sse;
+use crate::dialect::terminal::Detector;
+use crate::dialect::translate::StreamTranslator;
+use crate::dialect::WireApi;
+use crate::http::{Abort, Chunk, ProxyBody};
+use crate::record::CallStatus;
+use crate::upstream::capture::{self, ChunkFate};
+use crate::upstream::{error_chain, Route};
+use bytes::{Bytes, BytesMut};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Chunks queued between the pump and the harness's connection.
+const OUTLET_CHUNKS: usize = 64;
+
+/// Start forwarding `resp` to the harness: the body to answer with, and the
+/// pump that fills it (spawned on the server's task tracker, so that
+/// shutdown waits for it).
+pub fn start(
+    call: Call,
+    route: Arc<Route>,
+    resp: reqwest::Response,
+    translate: Option<WireApi>,
+    strip: Option<Strip>,
+) -> ProxyBody {
+    let (tx, rx) = mpsc::channel(OUTLET_CHUNKS);
+    let abort = Abort::default();
+    let idle = Duration::from_secs_f64(call.state.server.client_idle_timeout_secs);
+    let stage = (translate.is_some() || strip.is_some()).then(|| Stage {
+        parser: sse::Parser::default(),
+        translator: translate.map(StreamTranslator::new),
+        strip,
+        upstream: BytesMut::new(),
+        flushed: false,
+    });
+    let source = Source { resp, stage };
+    let out = Outlet {
+        tx,
+        abort: abort.clone(),
+        idle,
+    };
+    let tracker = call.state.tasks.clone();
+    tracker.spawn(pump(call, route, source, out));
+    ProxyBody::Abortable(rx, abort, None)
+}
+
+/// How a stream that ran to its end is recorded: an error event inside it
+/// makes it an upstream stream error; an end without a terminal event
+/// (`[DONE]`, `response.completed`, …) means the upstream cut it short.
+fn verdict(d: &Detector, terminal: bool) -> Option<StreamError> {
+    if d.failed {
+        Some(StreamError::Failed)
+    } else if d.incomplete {
+        Some(StreamError::Incomplete)
+    } else if d.saw_error {
+        Some(StreamError::ErrorEvent)
+    } else if !terminal {
+        Some(StreamError::NoTerminal)
+    } else {
+        None
+    }
+}
+
+/// A stream the proxy changes on its way: token-capture fields taken out,
+/// and/or Chat Completions chunks translated into the harness's API.
+struct Stage {
+    parser: sse::Parser,
+    translator: Option<StreamTranslator>,
+    strip: Option<Strip>,
+    /// The upstream's bytes, for the record.
+    upstream: BytesMut,
+    flushed: bool,
+}
+
+impl Stage {
+    /// The bytes one upstream event becomes for the harness.
+    fn event(&mut self, mut ev: sse::Event, out: &mut Vec<u8>) {
+        if let Some(s) = &self.strip {
+            if ev.data != "[DONE]" {
+                if let Ok(mut v) = serde_json::from_str::<serde_json::Value>(&ev.data) {
+                    if capture::strip_chunk(s.kind, s.api, &s.asked, &mut v) == ChunkFate::Drop {
+                        return;
+                    }
+                    ev.data = v.to_string();
+                }
+            }
+        }
+        match &mut self.translator {
+            Some(t) => out.extend(t.feed(&ev)),
+            None => sse::write_event(&ev, out),
+        }
+    }
+}
+
+/// Where a stream's chunks come from: the upstream's body, through a
+/// [`Stage`] when the call needs one.
+struct Source {
+    resp: reqwest::Response,
+    stage: Option<Stage>,
+}
+
+impl Source {
+    async fn chunk(&mut self) -> Result<Option<Bytes>, reqwest::Error> {
+        let Some(t) = &mut self.stage else {
+            return self.resp.chunk().await;
+        };
+        let mut events = Vec::new();
+        loop {
+            match self.resp.chunk().await? {
+                Some(c) => {
+                    t.upstream.extend_from_slice(&c);
+                    t.parser.feed(&c, &mut events);
+                }
+                None if t.flushed => return Ok(None),
+                None => {
+                    t.flushed = true;
+                    t.parser.finish(&mut events);
+                }
+            }
+            let mut out = Vec::new();
+            for e in events.drain(..) {
+                t.event(e, &mut out);
+            }
+            if !out.is_empty() {
+                return Ok(Some(Bytes::from(out)));
+            }
+            if t.flushed {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// The upstream's bytes so far, when they differ from what the harness got.
+    fn upstream(&mut self) -> Option<Bytes> {
+        self.stage.as_mut().map(|t| t.upstream.split().freeze())
+    }
+
+    /// How many of the upstream's bytes are held for the record.
+    fn upstream_len(&self) -> usize {
+        self.stage.as_ref().map_or(0, |t| t.upstream.len())
+    }
+}
+
+/// Where a stream's chunks go: the harness's body, which the pump can cut
+/// off, and how long the harness may take to accept the next chunk.
+struct Outlet {
+    tx: mpsc::Sender<Chunk>,
+    abort: Abort,
+    idle: Duration,
+}
+
+/// What sending a chunk to the harness came to.
+enum Sent {
+    Ok,
+    /// The harness went away.
+    Gone,
+    /// The harness stopped reading for longer than the idle timeout.
+    Stalled,
+}
+
+impl Outlet {
+    async fn send(&self, chunk: Bytes) -> Sent {
+        match tokio::time::timeout(self.idle, self.tx.send(Ok(chunk))).await {
+            Ok(Ok(())) => Sent::Ok,
+            Ok(Err(_)) => Sent::Gone,
+            Err(_) => Sent::Stalled,
+        }
+    }
+
+    /// Send `event` (an error in the harness's stream format) if the harness
+    /// takes it in time, then cut the stream off, so that it cannot be
+    /// mistaken for a complete one.
+    async fn cut(self, event: Option<Bytes>) {
+        self.abort.set();
+        if let Some(e) = event {
+            let _ = self.send(e).await;
+        }
+    }
+}
+
+/// What came next from the upstream.
+enum Next {
+    Chunk(Bytes),
+    End,
+    Broken(StreamError),
+}
+
+/// Forward a stream chunk by chunk, collecting a copy for the record.
+async fn pump(mut call: Call, route: Arc<Route>, mut src: Source, out: Outlet) {
+    let server = &call.state.server;
+    let max_stream = Duration::from_secs(server.max_stream_secs);
+    let max_bytes = server.max_response_bytes;
+    let deadline = tokio::time::Instant::from_std(call.started) + max_stream;
+    let mut detector = Detector::default();
+    let mut collected = BytesMut::new();
+    // The terminal event has been seen and the call's end recorded.
+    let mut recorded = false;
+    let api = call.api;
+    loop {
+        let next = tokio::select! {
+            r = tokio::time::timeout(route.idle_timeout, src.chunk()) => match r {
+                Ok(Ok(Some(c))) if collected.len() + c.len() > max_bytes || src.upstream_len() > max_bytes => {
+                    Next::Broken(StreamError::TooLarge(max_bytes))
+                }
+                Ok(Ok(Some(c))) => Next::Chunk(c),
+                Ok(Ok(None)) => Next::End,
+                Ok(Err(e)) => Next::Broken(StreamError::UpstreamClosed(error_chain(&e))),
+                Err(_) => Next::Broken(StreamError::UpstreamStalled(route.idle_timeout)),
+            },
+            _ = tokio::time::sleep_until(deadline) => Next::Broken(StreamError::TooLong(max_stream)),
+            _ = out.tx.closed() => Next::Broken(StreamError::ClientGone),
+        };
+        let chunk = match next {
+            Next::Chunk(c) => c,
+            Next::End => {
+                if !recorded {
+                    call.upstream_response = src.upstream();
+                    let response = collected.freeze();
+                    let _ = match verdict(&detector, false) {
+                        Some(e) => call.end_stream(&e, response).await,
+                        None => call.end(CallStatus::Ok, 200, None, response).await,
+                    };
+                }
+                return;
+            }
+            Next::Broken(e) if recorded => {
+                // After the terminal event the call is on disk: just stop.
+                if !matches!(e, StreamError::ClientGone) {
+                    out.cut(None).await;
+                }
+                return;
+            }
+            Next::Broken(StreamError::ClientGone) => {
+                call.upstream_response = src.upstream();
+                let _ = call
+                    .end_stream(&StreamError::ClientGone, collected.freeze())
+                    .await;
+                return;
+            }
+            Next::Broken(e) => {
+                let event = Bytes::from(api.error_event(&e.event()));
+                collected.extend_from_slice(&event);
+                call.upstream_response = src.upstream();
+                let _ = call.end_stream(&e, collected.freeze()).await;
+                // Tell the harness in its own format, then cut the body off.
+                return out.cut(Some(event)).await;
+            }
+        };
+        if !recorded {
+            collected.extend_from_slice(&chunk);
+            if detector.feed(&chunk) {
+                recorded = true;
+                call.upstream_response = src.upstream();
+                let response = collected.split().freeze();
+                if out.tx.is_closed() {
+                    let _ = call.end_stream(&StreamError::ClientGone, response).await;
+                    return;
+                }
+                let ended = match verdict(&detector, true) {
+                    Some(e) => call.end_stream(&e, response).await,
+                    None => call.end(CallStatus::Ok, 200, None, response).await,
+                };
+                if let Err(err) = ended {
+                    // Not on disk: the terminal chunk is withheld.
+                    return out.cut(Some(Bytes::from(api.error_event(&err)))).await;
+                }
+            }
+        }
+        match out.send(chunk).await {
+            Sent::Ok => {}
+            Sent::Gone => {
+                if !recorded {
+                    call.upstream_response = src.upstream();
+                    let _ = call
+                        .end_stream(&StreamError::ClientGone, collected.freeze())
+                        .await;
+                }
+                return;
+            }
+            Sent::Stalled => {
+                if !recorded {
+                    call.upstream_response = src.upstream();
+                    let e = StreamError::ClientStalled(out.idle);
+                    let _ = call.end_stream(&e, collected.freeze()).await;
+                }
+                return out.cut(None).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! The concurrency limit: `server.max_concurrent_calls` proxied calls at
+//! once, each holding its slot until the last byte of its answer has gone
+//! out (the slot travels with the body), and a bounded wait for a free one
+//! (`server.queue_timeout_secs`), after which the call is answered 503 with
+//! `Retry-After` (`overloaded`).
+
+use super::{ready, take, Dispatch, Kind};
+use crate::dialect::ApiError;
+use crate::http::{Held, ProxyBody};
+use crate::server::{call, State};
+use futures_util::future::BoxFuture;
+use http::{Request, Response};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// The pool of call slots.
+pub struct Slots {
+    sem: Arc<Semaphore>,
+    wait: Duration,
+}
+
+impl Slots {
+    pub fn new(n: usize, wait: Duration) -> Self {
+        Self {
+            sem: Arc::new(Semaphore::new(n)),
+            wait,
+        }
+    }
+
+    /// A free slot, or `None` when none came free within the wait.
+    pub async fn take(&self) -> Option<OwnedSemaphorePermit> {
+        tokio::time::timeout(self.wait, self.sem.clone().acquire_owned())
+            .await
+            .ok()?
+            .ok()
+    }
+
+    /// Slots free now.
+    #[cfg(test)]
+    pub fn free(&self) -> usize {
+        self.sem.available_permits()
+    }
+}
+
+/// The layer: one pool of slots shared by every connection.
+#[derive(Clone)]
+pub struct LimitLayer {
+    state: Arc<State>,
+    slots: Arc<Slots>,
+}
+
+impl LimitLayer {
+    pub fn new(state: Arc<State>) -> Self {
+        let s = &state.server;
+        let slots = Slots::new(
+            s.max_concurrent_calls,
+            Duration::from_secs_f64(s.queue_timeout_secs),
+        );
+        Self {
+            state,
+            slots: Arc::new(slots),
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for LimitLayer {
+    type Service = Limit<S>;
+    fn layer(&self, inner: S) -> Limit<S> {
+        Limit {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Limit<S> {
+    inner: S,
+    layer: LimitLayer,
+}
+
+impl<S, B, RB> tower::Service<Request<B>> for Limit<S>
+where
+    S: tower::Service<Request<B>, Response = Response<RB>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+    B: Send + 'static,
+    RB: From<ProxyBody> + Send + 'static,
+{
+    type Response = Response<Held<RB, OwnedSemaphorePermit>>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let mut inner = take(&mut self.inner);
+        let layer = self.layer.clone();
+        Box::pin(async move {
+            let Some(d) = req
+                .extensions()
+                .get::<Dispatch>()
+                .filter(|d| matches!(d.kind, Kind::Call))
+                .cloned()
+            else {
+                let resp = inner.call(req).await?;
+                return Ok(resp.map(|b| Held::new(b, None)));
+            };
+            let Some(slot) = layer.slots.take().await else {
+                let err = ApiError::new(
+                    503,
+                    "server_error",
+                    "overloaded",
+                    format!(
+                        "rollcall is handling server.max_concurrent_calls ({}) calls and none finished within server.queue_timeout_secs; retry later",
+                        layer.state.server.max_concurrent_calls
+                    ),
+                );
+                let resp = call::reject(&layer.state, d.api, d.rollout.as_deref(), &err).await;
+                return Ok(resp.map(|b| Held::new(RB::from(b), None)));
+            };
+            let resp = inner.call(req).await?;
+            Ok(resp.map(|b| Held::new(b, Some(slot))))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn a_slot_is_held_until_the_body_is_dropped() {
+        let slots = Slots::new(1, Duration::from_millis(50));
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let body: Held<ProxyBody, _> = Held::new(ProxyBody::Stream(rx), slots.take().await);
+        assert_eq!(slots.free(), 0);
+        assert!(
+            slots.take().await.is_none(),
+            "no second slot while the stream lives"
+        );
+        tx.send(Ok(Bytes::from_static(b"x"))).await.unwrap();
+        drop(tx);
+        let got = body.collect().await.unwrap().to_bytes();
+        assert_eq!(&got[..], b"x");
+        assert_eq!(slots.free(), 1);
+    }
+}

@@ -1,0 +1,25 @@
+//! What every request handler shares.
+
+use super::metrics::Metrics;
+use super::sequencer::Sequencer;
+use crate::config::{OnWalError, RolloutConfig, ServerConfig};
+use crate::record::Recorder;
+use crate::upstream::RouteTable;
+use std::collections::HashSet;
+use tokio_util::task::TaskTracker;
+
+pub struct State {
+    pub server: ServerConfig,
+    pub rollouts: RolloutConfig,
+    /// `shards.on_wal_error`: what a call gets when its record fails.
+    pub on_wal_error: OnWalError,
+    pub routes: RouteTable,
+    pub recorder: Recorder,
+    pub sequencer: Sequencer,
+    pub metrics: Metrics,
+    /// Accepted client keys, when keys are required.
+    pub client_keys: Option<HashSet<String>>,
+    /// Tasks that outlive their request (stream pumps, the records of
+    /// dropped calls): shutdown waits for them.
+    pub tasks: TaskTracker,
+}
