@@ -134,16 +134,6 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run the scripted model server used by tests, benchmarks and the demo
-    /// (a stand-in for a real model server; see `upstream::scripted`).
-    ScriptedUpstream {
-        #[arg(long, default_value = "127.0.0.1:0")]
-        listen: SocketAddr,
-        /// The APIs to serve, comma-separated: chat, responses, completions,
-        /// messages (default: all). Others answer 404.
-        #[arg(long, default_value = "all")]
-        apis: crate::upstream::scripted::Apis,
-    },
 }
 
 #[derive(Subcommand)]
@@ -631,15 +621,5 @@ async fn run(cmd: Command) -> Result<i32, Box<dyn std::error::Error>> {
             Ok(0)
         }
         Command::Model { command } => model_cmd(command).await,
-        Command::ScriptedUpstream { listen, apis } => {
-            let (addr, serve) = crate::upstream::scripted::bind_with(listen, apis).await?;
-            println!("scripted upstream listening on http://{addr}");
-            eprintln!("scripted upstream serves: {apis}");
-            tokio::select! {
-                _ = serve => {},
-                _ = crate::http::shutdown_signal() => {},
-            }
-            Ok(0)
-        }
     }
 }
