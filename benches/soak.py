@@ -2,6 +2,9 @@
 """Soak rollcall: a mixed load for N minutes against a real `rollcall serve`
 in front of the scripted upstream, then an audit of every row it wrote.
 
+The scripted upstream is the `scripted-upstream` binary beside `--bin` (cargo
+builds both into one target directory).
+
 What it measures
   * Losslessness: every call the proxy accepted (it received the whole
     request and answered at least a response head, or we hung up after
@@ -612,8 +615,9 @@ def main() -> int:
     p.add_argument("--workdir", default=None, help="default: a new temporary directory")
     p.add_argument("--keep", action="store_true", help="keep the work dir (always kept on FAIL)")
     a = p.parse_args()
-    if not Path(a.bin).exists():
-        p.error(f"no binary at {a.bin} (make build, or --bin PATH)")
+    for b in (Path(a.bin), Path(a.bin).with_name("scripted-upstream")):
+        if not b.exists():
+            p.error(f"no binary at {b} (make build, or --bin PATH)")
     workdir = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="rollcall-soak-"))
     workdir.mkdir(parents=True, exist_ok=True)
     rc = asyncio.run(Soak(a, workdir).run())

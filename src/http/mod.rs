@@ -1,8 +1,10 @@
 //! The HTTP plumbing shared by every server in the binary (the proxy, the
-//! embedded model's server) and by the scripted upstream: the response body
-//! type, plain responses, the accept loop and shutdown signals.
+//! embedded model's server) and by the `scripted-upstream` binary: the
+//! response body type, plain responses, the accept loop and shutdown
+//! signals.
 //!
-//! It knows no wire API and imports nothing else of the crate.
+//! It knows no wire API and imports nothing else of the crate, which is what
+//! lets `scripted-upstream` use it and stay independent of `dialect`.
 
 pub mod body;
 pub mod respond;

@@ -3,7 +3,6 @@
 //! call is not idempotent once the server has seen it).
 
 pub mod capture;
-pub mod scripted;
 
 use crate::config::{ConfigError, RouteConfig, RouteKind};
 use crate::dialect::translate::Unsupported;

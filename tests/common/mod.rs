@@ -1,5 +1,5 @@
-//! Test support: start real `rollcall` processes on loopback, and read shards
-//! back with the `parquet` crate's Arrow reader.
+//! Test support: start real `rollcall` and `scripted-upstream` processes on
+//! loopback, and read shards back with the `parquet` crate's Arrow reader.
 #![allow(dead_code)]
 
 use arrow::array::{Array, AsArray, RecordBatch};
@@ -48,14 +48,20 @@ pub fn spawn(args: &[&str], ready_prefix: &str) -> Proc {
 
 /// [`spawn`] with extra environment variables.
 pub fn spawn_env(args: &[&str], ready_prefix: &str, env: &[(&str, &str)]) -> Proc {
-    let mut child = Command::new(BIN)
+    spawn_bin(BIN, args, ready_prefix, env)
+}
+
+/// Start `bin` with `args` and wait for its ready line, `ready_prefix` then
+/// the URL.
+pub fn spawn_bin(bin: &str, args: &[&str], ready_prefix: &str, env: &[(&str, &str)]) -> Proc {
+    let mut child = Command::new(bin)
         .args(args)
         .env("ROLLCALL_LOG", "warn")
         .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .expect("start rollcall");
+        .unwrap_or_else(|e| panic!("start {bin}: {e}"));
     let stdout = child.stdout.take().expect("stdout");
     let mut line = String::new();
     BufReader::new(stdout)
@@ -69,10 +75,15 @@ pub fn spawn_env(args: &[&str], ready_prefix: &str, env: &[(&str, &str)]) -> Pro
     Proc { child, url }
 }
 
+/// The scripted model server, its own binary (`src/bin/scripted-upstream`).
+pub const SCRIPTED_UPSTREAM: &str = env!("CARGO_BIN_EXE_scripted-upstream");
+
 pub fn scripted_upstream() -> Proc {
-    spawn(
-        &["scripted-upstream", "--listen", "127.0.0.1:0"],
+    spawn_bin(
+        SCRIPTED_UPSTREAM,
+        &["--listen", "127.0.0.1:0"],
         "scripted upstream listening on ",
+        &[],
     )
 }
 

@@ -16,10 +16,12 @@ import rollcall_harness as h  # noqa: E402
 
 
 def pytest_configure(config):
-    if not os.path.exists(h.rollcall_bin()):
-        raise pytest.UsageError(
-            f"rollcall binary not found at {h.rollcall_bin()}: run `cargo build` or set ROLLCALL_BIN"
-        )
+    for path in (h.rollcall_bin(), h.scripted_upstream_bin()):
+        if not os.path.exists(path):
+            raise pytest.UsageError(
+                f"{Path(path).name} binary not found at {path}: run `cargo build` or set ROLLCALL_BIN"
+                " (scripted-upstream is looked for beside it)"
+            )
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,8 @@ processes on loopback, talk to them over raw HTTP, and read shards back with
 pyarrow and DuckDB (readers independent of the proxy's own Parquet code).
 
 Paths are resolved relative to this file; `ROLLCALL_BIN` overrides the binary.
+The scripted model server is its own binary, `scripted-upstream`, found next
+to the rollcall binary (the same target directory).
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ def rollcall_bin() -> str:
     return str(REPO_ROOT / "target" / "debug" / "rollcall")
 
 
+def scripted_upstream_bin() -> str:
+    """The scripted model server: `scripted-upstream` beside `rollcall_bin()`
+    (cargo builds both into one target directory)."""
+    return str(Path(rollcall_bin()).with_name("scripted-upstream"))
+
+
 READY_TIMEOUT = 30.0
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -53,10 +61,15 @@ def model_file() -> Path:
 
 
 class Proc:
-    """A child process started by a test; killed at teardown if still alive."""
+    """A child process started by a test (the rollcall binary with `args`, or
+    `bin`); killed at teardown if still alive."""
 
-    def __init__(self, args: list[str], ready_prefix: str, stderr_path: Path, env: dict | None = None):
+    def __init__(self, args: list[str], ready_prefix: str, stderr_path: Path, env: dict | None = None,
+                 bin: str | None = None):
+        self.bin = bin or rollcall_bin()
         self.args = args
+        # For messages: the subcommand, or the binary when it has none.
+        self.name = Path(bin).name if bin else args[0]
         self.stderr_path = stderr_path
         full_env = dict(os.environ)
         full_env.setdefault("ROLLCALL_LOG", "info")
@@ -64,7 +77,7 @@ class Proc:
             full_env.update(env)
         self._stderr = open(stderr_path, "ab")
         self.popen = subprocess.Popen(
-            [rollcall_bin(), *args],
+            [self.bin, *args],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
@@ -88,7 +101,7 @@ class Proc:
         if not line.startswith(prefix):
             self.kill()
             raise RuntimeError(
-                f"{self.args[0]} did not print its ready line (got {line!r}); stderr:\n{self.stderr_text()[-4000:]}"
+                f"{self.name} did not print its ready line (got {line!r}); stderr:\n{self.stderr_text()[-4000:]}"
             )
         return line.strip()[len(prefix):].rstrip("/")
 
@@ -132,12 +145,15 @@ class Proc:
             self._stderr.close()
 
 
-def start_upstream(workdir: Path) -> Proc:
+def start_upstream(workdir: Path, apis: str | None = None, name: str = "upstream") -> Proc:
+    """The scripted model server (`scripted-upstream`), serving `apis`
+    (comma-separated; all by default)."""
     workdir.mkdir(parents=True, exist_ok=True)
     return Proc(
-        ["scripted-upstream", "--listen", "127.0.0.1:0"],
+        ["--listen", "127.0.0.1:0", *(["--apis", apis] if apis else [])],
         "scripted upstream listening on ",
-        workdir / "upstream.stderr",
+        workdir / f"{name}.stderr",
+        bin=scripted_upstream_bin(),
     )
 
 
@@ -368,7 +384,7 @@ def last_user_text(request_json: dict) -> str | None:
 def scripted_prompt_ids(messages: list[dict]) -> list[int]:
     """The prompt token ids the scripted upstream returns for a Chat
     Completions request: bytes of its toy chat template (see `chat_prompt`
-    in src/upstream/scripted.rs)."""
+    in src/bin/scripted-upstream/tokens.rs)."""
     out = ""
     for m in messages:
         role = m.get("role", "user")

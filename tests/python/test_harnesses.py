@@ -294,8 +294,7 @@ kind = "{kind}"
 def chat_only_upstream(tmp_path):
     """The scripted upstream restricted to Chat Completions (and Completions):
     Responses and Messages requests get 404 there."""
-    proc = h.Proc(["scripted-upstream", "--listen", "127.0.0.1:0", "--apis", "chat,completions"],
-                  "scripted upstream listening on ", tmp_path / "chat-only.stderr")
+    proc = h.start_upstream(tmp_path, apis="chat,completions", name="chat-only")
     yield proc.url
     proc.kill()
 
