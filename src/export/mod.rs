@@ -16,6 +16,7 @@ pub mod groups;
 pub mod inspect;
 pub mod native;
 pub mod orchard;
+mod parquet_out;
 pub mod progress;
 pub mod read;
 pub mod rl;

@@ -8,8 +8,8 @@
 //! without token ids are excluded and counted, never re-tokenized.
 
 use super::groups::GroupBuffer;
+use super::parquet_out::{list_of, ParquetOut};
 use super::read::{self, CallRec, RolloutInfo};
-use super::sft::ParquetOut;
 use super::trajectory;
 use super::{ExportError, Filters, MismatchLog, Report, SampleMeta};
 use arrow::array::{
@@ -365,10 +365,6 @@ pub fn slime_status(status: Option<&str>) -> &'static str {
         "cancelled" | "canceled" | "interrupted" | "aborted" | "killed" | "pending" => "aborted",
         _ => "failed",
     }
-}
-
-fn list_of(t: DataType) -> DataType {
-    DataType::List(Arc::new(Field::new("item", t, true)))
 }
 
 fn verl_metrics_fields() -> Fields {

@@ -6,6 +6,7 @@
 
 use super::credit::{self, Signal, StepScores};
 use super::native::{self, json_field};
+use super::parquet_out::{list_of, ParquetOut};
 use super::read::{self, CallRec, RolloutInfo};
 use super::sft_tokens::{self, TokenWriter};
 use super::trajectory::{self, content_text};
@@ -16,9 +17,6 @@ use arrow::array::{
 };
 use arrow::buffer::{NullBuffer, OffsetBuffer};
 use arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef};
-use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, ZstdLevel};
-use parquet::file::properties::WriterProperties;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 use std::collections::HashSet;
@@ -514,22 +512,18 @@ pub struct SftCounts {
     pub verl_skipped: usize,
 }
 
-fn list_field(t: DataType) -> DataType {
-    DataType::List(Arc::new(Field::new("item", t, true)))
-}
-
 /// The columns of every SFT file after `messages` and `tools`.
 fn meta_fields() -> Vec<Field> {
     let f = |n: &str, t: DataType| Field::new(n, t, true);
     vec![
-        f("loss_weights", list_field(DataType::Float32)),
+        f("loss_weights", list_of(DataType::Float32)),
         f("reward", DataType::Float64),
         f("status", DataType::Utf8),
         f("model", DataType::Utf8),
         f("harness", DataType::Utf8),
         Field::new("rule", DataType::Utf8, false),
         Field::new("group", DataType::Utf8, false),
-        f("sequences", list_field(DataType::Int64)),
+        f("sequences", list_of(DataType::Int64)),
     ]
 }
 
@@ -632,39 +626,6 @@ fn arguments_not_json(s: &SftSample) -> usize {
         .flat_map(|m| m.tool_calls.iter().flatten())
         .filter(|c| serde_json::from_str::<Value>(&c.arguments).is_err())
         .count()
-}
-
-/// Parquet writer properties for exports: zstd, no per-run metadata.
-pub(crate) fn writer_props() -> WriterProperties {
-    WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::default()))
-        .set_max_row_group_row_count(Some(8192))
-        .set_max_row_group_bytes(Some(64 << 20))
-        .build()
-}
-
-/// A Parquet file written batch by batch.
-pub(crate) struct ParquetOut {
-    pub path: PathBuf,
-    w: ArrowWriter<std::fs::File>,
-}
-
-impl ParquetOut {
-    pub fn create(path: PathBuf, schema: SchemaRef) -> Result<ParquetOut, ExportError> {
-        let f = std::fs::File::create(&path).map_err(|e| write_err(&path, e))?;
-        let w = ArrowWriter::try_new(f, schema, Some(writer_props()))
-            .map_err(|e| write_err(&path, e))?;
-        Ok(ParquetOut { path, w })
-    }
-
-    pub fn write(&mut self, b: &RecordBatch) -> Result<(), ExportError> {
-        self.w.write(b).map_err(|e| write_err(&self.path, e))
-    }
-
-    pub fn close(self) -> Result<(), ExportError> {
-        self.w.close().map_err(|e| write_err(&self.path, e))?;
-        Ok(())
-    }
 }
 
 /// Writes SFT samples to `sft.parquet` and `sft.jsonl`.

@@ -15,9 +15,10 @@
 //! completion.
 
 use super::credit;
+use super::parquet_out::{list_of, ParquetOut};
 use super::read::{CallRec, RolloutInfo};
 use super::rl;
-use super::sft::{ParquetOut, SftCounts, SftOptions};
+use super::sft::{SftCounts, SftOptions};
 use super::trajectory::{self, Turn};
 use super::{write_err, ExportError, Report, SampleMeta};
 use arrow::array::{
@@ -163,10 +164,6 @@ pub fn rollout_samples(
     }
     counts.token_samples += out.len();
     out
-}
-
-fn list_of(t: DataType) -> DataType {
-    DataType::List(Arc::new(Field::new("item", t, true)))
 }
 
 /// The schema of `sft_tokens.parquet`.
