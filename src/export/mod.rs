@@ -323,7 +323,7 @@ pub fn each_rollout(
         &scratch,
         read::ROWS_PER_PARTITION,
         |c| {
-            if pass.tokens_only && c.prompt_ids.is_some() && c.completion_ids.is_some() {
+            if pass.tokens_only && c.has_token_ids() {
                 c.history_len = c.messages.as_deref().and_then(|m| {
                     serde_json::from_str::<Vec<serde::de::IgnoredAny>>(m)
                         .ok()

@@ -47,6 +47,13 @@ pub struct CallRec {
     pub history_len: Option<i64>,
 }
 
+impl CallRec {
+    /// Does the call carry prompt and completion token ids?
+    pub fn has_token_ids(&self) -> bool {
+        self.prompt_ids.is_some() && self.completion_ids.is_some()
+    }
+}
+
 /// The latest finish row of a rollout.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RolloutInfo {

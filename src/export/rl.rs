@@ -152,11 +152,7 @@ pub fn rollout_samples(
     report.rollouts += 1;
     let ok: Vec<&CallRec> = calls.iter().filter(|c| c.status == "ok").collect();
     report.skipped_not_ok += calls.len() - ok.len();
-    let with_ids: Vec<&CallRec> = ok
-        .iter()
-        .copied()
-        .filter(|c| c.prompt_ids.is_some() && c.completion_ids.is_some())
-        .collect();
+    let with_ids: Vec<&CallRec> = ok.iter().copied().filter(|c| c.has_token_ids()).collect();
     report.skipped_no_token_ids += ok.len() - with_ids.len();
     // Every call here has token ids: matched on tokens, no JSON parsed.
     let (_, segs) = trajectory::rebuild(&with_ids, false, mismatches);

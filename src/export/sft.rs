@@ -871,7 +871,7 @@ pub fn export(shards: &Path, out: &Path, opts: &SftOptions) -> Result<Report, Ex
     report.calls = super::each_rollout(shards, out, &rollouts, &pass, |calls, info| {
         let no_ids: HashSet<i64> = calls
             .iter()
-            .filter(|c| c.status == "ok" && !sft_tokens::has_ids(c))
+            .filter(|c| c.status == "ok" && !c.has_token_ids())
             .map(|c| c.sequence)
             .collect();
         for s in rollout_samples(calls, info, opts, &mut report, &mut mm) {

@@ -46,11 +46,6 @@ pub struct TokenSample {
     pub sequences: Vec<i64>,
 }
 
-/// Does the call carry prompt and completion token ids?
-pub fn has_ids(c: &CallRec) -> bool {
-    c.prompt_ids.is_some() && c.completion_ids.is_some()
-}
-
 /// Build a rollout's token-exact samples. Counts ok calls without ids into
 /// `report.skipped_no_token_ids`, the rest into `counts`.
 pub fn rollout_samples(
@@ -61,7 +56,7 @@ pub fn rollout_samples(
     counts: &mut SftCounts,
 ) -> Vec<TokenSample> {
     let ok: Vec<&CallRec> = calls.iter().filter(|c| c.status == "ok").collect();
-    let with_ids: Vec<&CallRec> = ok.iter().copied().filter(|c| has_ids(c)).collect();
+    let with_ids: Vec<&CallRec> = ok.iter().copied().filter(|c| c.has_token_ids()).collect();
     report.skipped_no_token_ids += ok.len() - with_ids.len();
     if with_ids.is_empty() {
         return vec![];

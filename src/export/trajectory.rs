@@ -104,7 +104,7 @@ impl<'a> Turn<'a> {
     /// Whether `extends(self, next)` matches on token ids when `next` has
     /// prompt ids.
     fn has_ids(&self) -> bool {
-        self.call.prompt_ids.is_some() && self.call.completion_ids.is_some()
+        self.call.has_token_ids()
     }
 
     /// Drop the parsed JSON (the turn is no longer a segment's tip).
@@ -634,9 +634,7 @@ pub fn rebuild<'a>(
     keep_messages: bool,
     mismatches: &mut Vec<Mismatch>,
 ) -> (Vec<Turn<'a>>, Vec<Segment>) {
-    let use_messages = !calls
-        .iter()
-        .all(|c| c.prompt_ids.is_some() && c.completion_ids.is_some());
+    let use_messages = !calls.iter().all(|c| c.has_token_ids());
     let parse = use_messages || keep_messages;
     let mut s = Segmenter::new(use_messages);
     let mut turns: Vec<Turn<'a>> = Vec::with_capacity(calls.len());
