@@ -4,7 +4,7 @@
 
 use super::Arguments;
 use crate::export::native::json_field;
-use crate::export::trajectory::content_text;
+use crate::export::trajectory::compare::content_text;
 use arrow::array::{Array, ArrayRef, ListArray, StringArray, StructArray};
 use arrow::buffer::{NullBuffer, OffsetBuffer};
 use arrow::datatypes::{DataType, Field, Fields};
