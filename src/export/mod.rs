@@ -26,7 +26,8 @@ pub mod time;
 pub mod trajectory;
 
 use progress::Progress;
-use read::{CallRec, Groups, Partitions, RolloutInfo};
+use read::partition::{self, Groups, Partitions};
+use read::{CallRec, RolloutInfo};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -321,7 +322,7 @@ pub fn each_rollout(
     let mut parts = Partitions::load(
         shards,
         &scratch,
-        read::ROWS_PER_PARTITION,
+        partition::ROWS_PER_PARTITION,
         |c| {
             if pass.tokens_only && c.has_token_ids() {
                 c.history_len = c.messages.as_deref().and_then(|m| {
@@ -337,7 +338,7 @@ pub fn each_rollout(
         &progress,
     )?;
     for i in 0..parts.len() {
-        for calls in read::by_group(parts.take(i)?, &groups) {
+        for calls in partition::by_group(parts.take(i)?, &groups) {
             let Some(first) = calls.first() else {
                 continue;
             };
