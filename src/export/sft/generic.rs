@@ -1,6 +1,6 @@
 //! `--trainer generic`: `OUT/sft.parquet` (tools and arguments as
 //! `arrow.json`) and `OUT/sft.jsonl`, and the sample columns every SFT
-//! Parquet file shares ([`schema_with`], [`batch_with`]).
+//! Parquet file shares (`schema_with`, `batch_with`).
 
 use super::messages::{messages_array_with, messages_type_with, offsets, Msg};
 use super::{Arguments, SftSample};
