@@ -2,7 +2,7 @@
 //! built-in rule that truncates unresolved trajectories at a failure signal.
 
 use super::read::RolloutInfo;
-use super::trajectory::content_text;
+use super::trajectory::compare::content_text;
 use super::ExportError;
 use serde_json::Value;
 use std::collections::HashMap;

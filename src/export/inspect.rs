@@ -2,7 +2,7 @@
 //! readable transcript.
 
 use super::read::{self, CallRec};
-use super::trajectory::{self, content_text};
+use super::trajectory::{self, compare::content_text};
 use super::ExportError;
 use serde::Serialize;
 use serde_json::Value;

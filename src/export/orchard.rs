@@ -16,8 +16,10 @@
 //!   `model` and `verify_status` (kept when present, else `success` for a
 //!   resolved rollout and `failure` otherwise).
 
+use super::parquet_out::ParquetOut;
 use super::read::{self, RolloutInfo};
-use super::sft::{messages_array, messages_from_array, messages_type, Msg, ParquetOut, SftOptions};
+use super::sft::messages::{messages_array, messages_from_array, messages_type, Msg};
+use super::sft::SftOptions;
 use super::{credit, write_err, ExportError, Filters, MismatchLog, Report};
 use crate::config::ShardConfig;
 use crate::record::shard::ShardWriter;

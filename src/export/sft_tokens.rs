@@ -15,9 +15,10 @@
 //! completion.
 
 use super::credit;
+use super::parquet_out::{list_of, ParquetOut};
 use super::read::{CallRec, RolloutInfo};
 use super::rl;
-use super::sft::{ParquetOut, SftCounts, SftOptions};
+use super::sft::{SftCounts, SftOptions};
 use super::trajectory::{self, Turn};
 use super::{write_err, ExportError, Report, SampleMeta};
 use arrow::array::{
@@ -45,11 +46,6 @@ pub struct TokenSample {
     pub sequences: Vec<i64>,
 }
 
-/// Does the call carry prompt and completion token ids?
-pub fn has_ids(c: &CallRec) -> bool {
-    c.prompt_ids.is_some() && c.completion_ids.is_some()
-}
-
 /// Build a rollout's token-exact samples. Counts ok calls without ids into
 /// `report.skipped_no_token_ids`, the rest into `counts`.
 pub fn rollout_samples(
@@ -60,7 +56,7 @@ pub fn rollout_samples(
     counts: &mut SftCounts,
 ) -> Vec<TokenSample> {
     let ok: Vec<&CallRec> = calls.iter().filter(|c| c.status == "ok").collect();
-    let with_ids: Vec<&CallRec> = ok.iter().copied().filter(|c| has_ids(c)).collect();
+    let with_ids: Vec<&CallRec> = ok.iter().copied().filter(|c| c.has_token_ids()).collect();
     report.skipped_no_token_ids += ok.len() - with_ids.len();
     if with_ids.is_empty() {
         return vec![];
@@ -163,10 +159,6 @@ pub fn rollout_samples(
     }
     counts.token_samples += out.len();
     out
-}
-
-fn list_of(t: DataType) -> DataType {
-    DataType::List(Arc::new(Field::new("item", t, true)))
 }
 
 /// The schema of `sft_tokens.parquet`.

@@ -1,0 +1,286 @@
+//! Reading shards for the exports, in bounded memory.
+//!
+//! Calls are streamed out of `calls/*.parquet` (only the columns the exports
+//! use), hash-partitioned by their rollout's *group*
+//! ([`partition::Groups`]: the finish rows are read first) into spill
+//! files, and handed back one partition at a time, each sorted by
+//! (`rollout_id`, `sequence`) and split into rollouts ordered by (group,
+//! `rollout_id`) ([`partition::by_group`]). So every group's rollouts are
+//! in one partition and contiguous, however many calls there are. Small
+//! inputs (one partition) never touch the disk. Rollout finish rows are
+//! few (one per rollout) and are held in a map, latest finish per rollout.
+//!
+//! This file holds the call and finish rows and the shard readers;
+//! [`partition`] holds the partitions and the grouping, `spill` the
+//! format of the spill files.
+
+pub mod partition;
+#[cfg(test)]
+pub(crate) mod partition_tests;
+mod spill;
+
+use super::ExportError;
+use crate::record::shard::list_shards;
+use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use arrow::datatypes::{DataType, Float64Type, Int32Type, Int64Type, TimestampMicrosecondType};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ProjectionMask;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// One call: the columns the exports read.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CallRec {
+    pub rollout_id: String,
+    pub sequence: i64,
+    pub wire_api: String,
+    pub model: Option<String>,
+    pub route: Option<String>,
+    pub status: String,
+    pub failure_class: Option<String>,
+    pub messages: Option<String>,
+    pub tools: Option<String>,
+    pub response_message: Option<String>,
+    pub prompt_ids: Option<Vec<i32>>,
+    pub completion_ids: Option<Vec<i32>>,
+    pub completion_logprobs: Option<Vec<f64>>,
+    pub user_agent: Option<String>,
+    pub received_at: i64,
+    pub prompt_tokens: Option<i64>,
+    pub completion_tokens: Option<i64>,
+    /// Messages in the call's history, kept when `messages` is dropped on
+    /// reading (the RL export's `Pass::tokens_only`).
+    pub history_len: Option<i64>,
+}
+
+impl CallRec {
+    /// Does the call carry prompt and completion token ids?
+    pub fn has_token_ids(&self) -> bool {
+        self.prompt_ids.is_some() && self.completion_ids.is_some()
+    }
+}
+
+/// The latest finish row of a rollout.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RolloutInfo {
+    pub status: String,
+    pub reward: Option<f64>,
+    pub metadata: Option<String>,
+    pub finished_at: i64,
+}
+
+impl RolloutInfo {
+    /// A string field of the finish metadata (numbers and booleans as text).
+    pub fn meta_str(&self, key: &str) -> Option<String> {
+        let m: serde_json::Value = serde_json::from_str(self.metadata.as_deref()?).ok()?;
+        match m.get(key)? {
+            serde_json::Value::Null => None,
+            serde_json::Value::String(s) => Some(s.clone()),
+            v => Some(v.to_string()),
+        }
+    }
+}
+
+const CALL_COLUMNS: &[&str] = &[
+    "rollout_id",
+    "sequence",
+    "wire_api",
+    "model",
+    "route",
+    "status",
+    "failure_class",
+    "messages",
+    "tools",
+    "response_message",
+    "prompt_token_ids",
+    "completion_token_ids",
+    "completion_logprobs",
+    "user_agent",
+    "received_at",
+    "prompt_tokens",
+    "completion_tokens",
+];
+
+fn shard_err(p: &Path, e: impl std::fmt::Display) -> ExportError {
+    ExportError::Shard {
+        path: p.display().to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// The shard files of one kind; errors when the directory is missing.
+pub fn shard_files(dir: &Path, kind: &str) -> Result<Vec<PathBuf>, ExportError> {
+    if !dir.is_dir() {
+        return Err(ExportError::NoDir(dir.display().to_string()));
+    }
+    list_shards(dir, kind).map_err(|e| shard_err(&dir.join(kind), e))
+}
+
+/// Open one Parquet file reading only the named root columns that exist.
+fn open_projected(
+    path: &Path,
+    cols: &[&str],
+) -> Result<parquet::arrow::arrow_reader::ParquetRecordBatchReader, ExportError> {
+    let file = File::open(path).map_err(|e| shard_err(path, e))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| shard_err(path, e))?;
+    let schema = builder.parquet_schema();
+    let roots: Vec<usize> = schema
+        .root_schema()
+        .get_fields()
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| cols.contains(&f.name()))
+        .map(|(i, _)| i)
+        .collect();
+    let mask = ProjectionMask::roots(schema, roots);
+    builder
+        .with_projection(mask)
+        .with_batch_size(1024)
+        .build()
+        .map_err(|e| shard_err(path, e))
+}
+
+fn col<'a>(b: &'a RecordBatch, name: &str) -> Option<&'a ArrayRef> {
+    b.column_by_name(name)
+}
+
+fn str_at(c: Option<&ArrayRef>, i: usize) -> Option<String> {
+    let c = c?;
+    if c.is_null(i) {
+        return None;
+    }
+    match c.data_type() {
+        DataType::Utf8 => Some(c.as_string::<i32>().value(i).to_owned()),
+        DataType::LargeUtf8 => Some(c.as_string::<i64>().value(i).to_owned()),
+        _ => None,
+    }
+}
+
+fn i64_at(c: Option<&ArrayRef>, i: usize) -> Option<i64> {
+    let c = c?;
+    if c.is_null(i) {
+        return None;
+    }
+    match c.data_type() {
+        DataType::Int64 => Some(c.as_primitive::<Int64Type>().value(i)),
+        DataType::Int32 => Some(c.as_primitive::<Int32Type>().value(i) as i64),
+        DataType::Timestamp(_, _) => Some(c.as_primitive::<TimestampMicrosecondType>().value(i)),
+        _ => None,
+    }
+}
+
+fn ids_at(c: Option<&ArrayRef>, i: usize) -> Option<Vec<i32>> {
+    let c = c?;
+    if c.is_null(i) {
+        return None;
+    }
+    let v = c.as_list_opt::<i32>()?.value(i);
+    Some(v.as_primitive_opt::<Int32Type>()?.values().to_vec())
+}
+
+fn f64s_at(c: Option<&ArrayRef>, i: usize) -> Option<Vec<f64>> {
+    let c = c?;
+    if c.is_null(i) {
+        return None;
+    }
+    let v = c.as_list_opt::<i32>()?.value(i);
+    let p = v.as_primitive_opt::<Float64Type>()?;
+    Some(
+        (0..p.len())
+            .map(|j| if p.is_null(j) { f64::NAN } else { p.value(j) })
+            .collect(),
+    )
+}
+
+/// Stream every call row of the shards in `dir` to `each`, file by file.
+pub fn for_each_call(
+    dir: &Path,
+    mut each: impl FnMut(CallRec) -> Result<(), ExportError>,
+) -> Result<usize, ExportError> {
+    let files = shard_files(dir, "calls")?;
+    if files.is_empty() {
+        return Err(ExportError::NoShards(
+            dir.join("calls").display().to_string(),
+        ));
+    }
+    let mut n = 0;
+    for path in &files {
+        for batch in open_projected(path, CALL_COLUMNS)? {
+            let b = batch.map_err(|e| shard_err(path, e))?;
+            let (Some(rid), Some(seq)) = (col(&b, "rollout_id"), col(&b, "sequence")) else {
+                return Err(shard_err(path, "no rollout_id or sequence column"));
+            };
+            for i in 0..b.num_rows() {
+                let (Some(rollout_id), Some(sequence)) =
+                    (str_at(Some(rid), i), i64_at(Some(seq), i))
+                else {
+                    continue;
+                };
+                each(CallRec {
+                    rollout_id,
+                    sequence,
+                    wire_api: str_at(col(&b, "wire_api"), i).unwrap_or_default(),
+                    model: str_at(col(&b, "model"), i),
+                    route: str_at(col(&b, "route"), i),
+                    status: str_at(col(&b, "status"), i).unwrap_or_default(),
+                    failure_class: str_at(col(&b, "failure_class"), i),
+                    messages: str_at(col(&b, "messages"), i),
+                    tools: str_at(col(&b, "tools"), i),
+                    response_message: str_at(col(&b, "response_message"), i),
+                    prompt_ids: ids_at(col(&b, "prompt_token_ids"), i),
+                    completion_ids: ids_at(col(&b, "completion_token_ids"), i),
+                    completion_logprobs: f64s_at(col(&b, "completion_logprobs"), i),
+                    user_agent: str_at(col(&b, "user_agent"), i),
+                    received_at: i64_at(col(&b, "received_at"), i).unwrap_or(0),
+                    prompt_tokens: i64_at(col(&b, "prompt_tokens"), i),
+                    completion_tokens: i64_at(col(&b, "completion_tokens"), i),
+                    history_len: None,
+                })?;
+                n += 1;
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// Every rollout's latest finish row (by `finished_at`, then file order).
+pub fn read_rollouts(dir: &Path) -> Result<BTreeMap<String, RolloutInfo>, ExportError> {
+    let mut out: BTreeMap<String, RolloutInfo> = BTreeMap::new();
+    for path in shard_files(dir, "rollouts")? {
+        let cols = ["rollout_id", "status", "reward", "metadata", "finished_at"];
+        for batch in open_projected(&path, &cols)? {
+            let b = batch.map_err(|e| shard_err(&path, e))?;
+            let reward = col(&b, "reward").and_then(|c| c.as_primitive_opt::<Float64Type>());
+            for i in 0..b.num_rows() {
+                let Some(id) = str_at(col(&b, "rollout_id"), i) else {
+                    continue;
+                };
+                let info = RolloutInfo {
+                    status: str_at(col(&b, "status"), i).unwrap_or_default(),
+                    reward: reward.filter(|r| !r.is_null(i)).map(|r| r.value(i)),
+                    metadata: str_at(col(&b, "metadata"), i),
+                    finished_at: i64_at(col(&b, "finished_at"), i).unwrap_or(0),
+                };
+                match out.get(&id) {
+                    Some(old) if old.finished_at > info.finished_at => {}
+                    _ => {
+                        out.insert(id, info);
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Total call rows, from the Parquet footers (no data read).
+pub fn count_calls(dir: &Path) -> Result<usize, ExportError> {
+    let mut n = 0usize;
+    for path in shard_files(dir, "calls")? {
+        let file = File::open(&path).map_err(|e| shard_err(&path, e))?;
+        let b = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| shard_err(&path, e))?;
+        n += usize::try_from(b.metadata().file_metadata().num_rows()).unwrap_or(0);
+    }
+    Ok(n)
+}
