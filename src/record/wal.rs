@@ -1,7 +1,10 @@
-//! The write-ahead log: numbered segment files (`segment`) of checksummed
-//! frames (`frame`, which documents the format).
+//! The write-ahead log writer: the pipeline's first stage. It takes call
+//! starts, ends and rollout finishes from the call queue, writes them to
+//! numbered segment files (`segment`) as checksummed frames (`frame`), and
+//! hands the rows on to the shard writer. `super::pipeline` makes its
+//! queues and starts it.
 //!
-//! The writer thread commits in groups: it takes every message queued, writes
+//! The writer commits in groups: it takes every message queued, writes
 //! them with one `write`, optionally `fsync`s, then acknowledges them all. A
 //! failed write is acknowledged as failed (the proxy then answers the harness
 //! with an error, `shards.on_wal_error`), the segment is cut back to its last
@@ -9,7 +12,8 @@
 //! batch's call starts are written again with the next batch: recording goes
 //! on by itself once the disk takes writes again. A segment is deleted once
 //! every call begun in it, and in every segment before it, is in a published
-//! shard. On shutdown, calls still open are handed to the shard writer as
+//! shard: the shard writer reports each file it publishes on the published
+//! queue. On shutdown, calls still open are handed to the shard writer as
 //! `incomplete` rows, so a graceful stop leaves no segment behind.
 
 mod frame;
@@ -19,7 +23,8 @@ pub use frame::{decode_all, encode, Frame, FrameTooLarge, Kind};
 use segment::open_segment;
 pub use segment::{list_segments, read_segment, segment_path, sync_dir, SegmentContents};
 
-use super::shard::{ShardItem, ShardSet};
+use super::pipeline::SegmentRows;
+use super::shard::ShardItem;
 use super::{
     CallBegin, CallMeta, CallOutcome, CallStatus, CompletedCall, FailureClass, RecordError,
     RecorderStats, WalMsg,
@@ -30,12 +35,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
-struct Writer {
+/// The WAL writer's state, owned by its thread.
+pub(crate) struct Writer {
     dir: PathBuf,
     cfg: ShardConfig,
     file: File,
@@ -55,9 +60,45 @@ struct Writer {
     retry: HashMap<String, (u64, CompletedCall)>,
     stats: Arc<RecorderStats>,
     hook: Option<PathBuf>,
+    /// Lets the writer wait on its two incoming queues at once; it runs no
+    /// tasks of its own.
+    waiter: tokio::runtime::Runtime,
 }
 
 impl Writer {
+    /// Create `DIR/wal/` and open segment `first_segment`: the writer's
+    /// state before its thread starts.
+    pub(crate) fn open(
+        cfg: ShardConfig,
+        first_segment: u64,
+        stats: Arc<RecorderStats>,
+    ) -> Result<Writer, RecordError> {
+        let dir = cfg.dir.join("wal");
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| RecordError::Wal(format!("{}: {e}", dir.display())))?;
+        let file =
+            open_segment(&dir, first_segment).map_err(|e| RecordError::Wal(e.to_string()))?;
+        let waiter = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .map_err(|e| RecordError::Wal(e.to_string()))?;
+        stats.wal_segments.store(1, Ordering::Relaxed);
+        let hook = std::env::var_os(HOOK_ENV).map(PathBuf::from);
+        Ok(Writer {
+            dir,
+            cfg,
+            file,
+            segment: first_segment,
+            segment_bytes: 0,
+            unpublished: BTreeMap::from([(first_segment, 0)]),
+            pending: HashMap::new(),
+            rewrite: Vec::new(),
+            retry: HashMap::new(),
+            stats,
+            hook,
+            waiter,
+        })
+    }
+
     fn rotate(&mut self) -> std::io::Result<()> {
         let file = open_segment(&self.dir, self.segment + 1)?;
         self.segment += 1;
@@ -79,6 +120,15 @@ impl Writer {
                 tracing::warn!(segment = seg, error = %e, "could not delete WAL segment");
             }
             self.stats.wal_segments.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Rows of a published shard are no longer unpublished in their segments.
+    fn release(&mut self, published: SegmentRows) {
+        for (seg, n) in published {
+            if let Some(c) = self.unpublished.get_mut(&seg) {
+                *c = c.saturating_sub(n);
+            }
         }
     }
 
@@ -111,96 +161,108 @@ fn hook_state(hook: &Option<PathBuf>) -> String {
         .unwrap_or_default()
 }
 
-/// Marks a recorder thread dead when it returns or unwinds.
-pub(crate) struct AliveGuard<'a>(pub &'a AtomicBool);
-impl Drop for AliveGuard<'_> {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Relaxed);
+/// The writer's ends of its queues, made by `super::pipeline`.
+pub(crate) struct WalQueues {
+    /// Call starts, ends and rollout finishes from the response path.
+    pub calls: mpsc::Receiver<WalMsg>,
+    /// Rows acknowledged in the WAL, to the shard writer.
+    pub rows: std::sync::mpsc::SyncSender<ShardItem>,
+    /// What the shard writer published, per segment; `None` once the shard
+    /// writer has stopped.
+    pub published: Option<mpsc::UnboundedReceiver<SegmentRows>>,
+}
+
+/// What ended the writer's wait for work.
+enum Woken {
+    Call(WalMsg),
+    Published(SegmentRows),
+    /// Every sender of the call queue is gone.
+    Closed,
+}
+
+impl WalQueues {
+    /// Wait for a message on the call queue or the published queue.
+    fn wait(&mut self, waiter: &tokio::runtime::Runtime) -> Woken {
+        let Self {
+            calls, published, ..
+        } = self;
+        waiter.block_on(async {
+            loop {
+                tokio::select! {
+                    biased;
+                    msg = calls.recv() => return msg.map_or(Woken::Closed, Woken::Call),
+                    rows = async { published.as_mut()?.recv().await }, if published.is_some() => {
+                        match rows {
+                            Some(rows) => return Woken::Published(rows),
+                            // The shard writer has stopped: wait for calls alone.
+                            None => *published = None,
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    /// A publication already queued, without waiting.
+    fn try_published(&mut self) -> Option<SegmentRows> {
+        self.published.as_mut()?.try_recv().ok()
     }
 }
 
-/// Start the WAL thread (which owns the shard thread).
-pub(crate) fn spawn(
-    cfg: ShardConfig,
-    first_segment: u64,
-    mut rx: mpsc::Receiver<WalMsg>,
-    wake: mpsc::Sender<WalMsg>,
-    stats: Arc<RecorderStats>,
-) -> Result<std::thread::JoinHandle<()>, RecordError> {
-    let dir = cfg.dir.join("wal");
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| RecordError::Wal(format!("{}: {e}", dir.display())))?;
-    let file = open_segment(&dir, first_segment).map_err(|e| RecordError::Wal(e.to_string()))?;
-    let shards = ShardSet::open(&cfg).map_err(|e| RecordError::Shard(e.to_string()))?;
-    let (shard_tx, shard_rx) = std::sync::mpsc::sync_channel::<ShardItem>(cfg.queue_capacity);
-    let (published_tx, published_rx) = std::sync::mpsc::channel::<Vec<(u64, u64)>>();
-    let shard_stats = stats.clone();
-    let shard_cfg = cfg.clone();
-    stats.shard_alive.store(true, Ordering::Relaxed);
-    stats.wal_alive.store(true, Ordering::Relaxed);
-    let shard_thread = std::thread::Builder::new()
-        .name("rollcall-shards".into())
-        .spawn(move || {
-            super::shard::run(shard_cfg, shards, shard_rx, published_tx, wake, shard_stats)
-        })
-        .map_err(|e| RecordError::Shard(e.to_string()))?;
-    stats.wal_segments.store(1, Ordering::Relaxed);
-    let hook = std::env::var_os(HOOK_ENV).map(PathBuf::from);
-    let mut w = Writer {
-        dir,
-        cfg,
-        file,
-        segment: first_segment,
-        segment_bytes: 0,
-        unpublished: BTreeMap::from([(first_segment, 0)]),
-        pending: HashMap::new(),
-        rewrite: Vec::new(),
-        retry: HashMap::new(),
-        stats,
-        hook,
-    };
-    std::thread::Builder::new()
-        .name("rollcall-wal".into())
-        .spawn(move || {
-            let stats = w.stats.clone();
-            let _alive = AliveGuard(&stats.wal_alive);
-            run(&mut w, &mut rx, &shard_tx, &published_rx);
-            // Calls still open at shutdown end here, as incomplete rows, so
-            // that their segments can go.
-            // Ends a failing disk never took go to the shards as they are
-            // (their starts keep the WAL until those rows are published).
-            for (_, (segment, call)) in w.retry.drain() {
-                w.stats.unpublished_rows.fetch_add(1, Ordering::Relaxed);
-                let _ = shard_tx.send(ShardItem::Call { segment, call });
-            }
-            let open: Vec<_> = w.pending.drain().collect();
-            if !open.is_empty() {
-                tracing::warn!(
-                    calls = open.len(),
-                    "calls still in flight at shutdown are recorded as incomplete"
-                );
-            }
-            for (_, (segment, begin)) in open {
-                let outcome = interrupted(&begin.meta, crate::now_micros());
-                let call = CompletedCall {
-                    begin,
-                    outcome,
-                    response: Bytes::new(),
-                    upstream_response: None,
-                };
-                w.stats.unpublished_rows.fetch_add(1, Ordering::Relaxed);
-                let _ = shard_tx.send(ShardItem::Call { segment, call });
-            }
-            drop(shard_tx);
-            let _ = shard_thread.join();
-            apply_published(&mut w, &published_rx);
-            // Everything is published: the current segment may go too.
-            if w.unpublished.values().all(|&n| n == 0) {
-                w.segment += 1;
-                w.collect_garbage();
-            }
-        })
-        .map_err(|e| RecordError::Wal(e.to_string()))
+/// The WAL writer stage: write batches until shutdown (or until the call
+/// queue closes), then end the calls still open and wait for the shard
+/// writer to publish everything.
+pub(crate) fn run(mut w: Writer, mut q: WalQueues) {
+    write_batches(&mut w, &mut q);
+    // Calls still open at shutdown end here, as incomplete rows, so
+    // that their segments can go.
+    // Ends a failing disk never took go to the shards as they are
+    // (their starts keep the WAL until those rows are published).
+    for (_, (segment, call)) in w.retry.drain() {
+        w.stats.unpublished_rows.fetch_add(1, Ordering::Relaxed);
+        let _ = q.rows.send(ShardItem::Call { segment, call });
+    }
+    let open: Vec<_> = w.pending.drain().collect();
+    if !open.is_empty() {
+        tracing::warn!(
+            calls = open.len(),
+            "calls still in flight at shutdown are recorded as incomplete"
+        );
+    }
+    for (_, (segment, begin)) in open {
+        let outcome = interrupted(&begin.meta, crate::now_micros());
+        let call = CompletedCall {
+            begin,
+            outcome,
+            response: Bytes::new(),
+            upstream_response: None,
+        };
+        w.stats.unpublished_rows.fetch_add(1, Ordering::Relaxed);
+        let _ = q.rows.send(ShardItem::Call { segment, call });
+    }
+    let WalQueues {
+        calls: _calls,
+        rows,
+        published,
+    } = q;
+    // Closing the row queue stops the shard writer once it has published
+    // what it holds; the published queue closes when it has stopped.
+    drop(rows);
+    let mut any = false;
+    if let Some(mut published) = published {
+        while let Some(rows) = published.blocking_recv() {
+            any = true;
+            w.release(rows);
+        }
+    }
+    if any {
+        w.collect_garbage();
+    }
+    // Everything is published: the current segment may go too.
+    if w.unpublished.values().all(|&n| n == 0) {
+        w.segment += 1;
+        w.collect_garbage();
+    }
 }
 
 /// The outcome of a call the proxy stopped before it ended.
@@ -216,15 +278,16 @@ pub(crate) fn interrupted(meta: &CallMeta, at: i64) -> CallOutcome {
     }
 }
 
-fn apply_published(w: &mut Writer, published: &std::sync::mpsc::Receiver<Vec<(u64, u64)>>) {
+/// Apply what the shard writer published: the publication that woke the
+/// writer, if one did, and every one queued since.
+fn apply_published(w: &mut Writer, q: &mut WalQueues, woken_by: Option<SegmentRows>) {
     let mut any = false;
-    while let Ok(list) = published.try_recv() {
+    for rows in woken_by
+        .into_iter()
+        .chain(std::iter::from_fn(|| q.try_published()))
+    {
         any = true;
-        for (seg, n) in list {
-            if let Some(c) = w.unpublished.get_mut(&seg) {
-                *c = c.saturating_sub(n);
-            }
-        }
+        w.release(rows);
     }
     if any {
         w.collect_garbage();
@@ -249,26 +312,25 @@ struct Batch {
     finished: Vec<(ShardItem, Ack)>,
 }
 
-fn run(
-    w: &mut Writer,
-    rx: &mut mpsc::Receiver<WalMsg>,
-    shard_tx: &std::sync::mpsc::SyncSender<ShardItem>,
-    published: &std::sync::mpsc::Receiver<Vec<(u64, u64)>>,
-) {
+/// Take, write and acknowledge batches until shutdown.
+fn write_batches(w: &mut Writer, q: &mut WalQueues) {
     let mut buf: Vec<u8> = Vec::with_capacity(1 << 20);
     let mut msgs = Vec::with_capacity(MAX_BATCH);
     let mut shutdown = false;
     while !shutdown {
+        let mut woken_by = None;
         if w.retry.is_empty() && w.rewrite.is_empty() {
-            let Some(first) = rx.blocking_recv() else {
-                break;
-            };
-            msgs.push(first);
+            match q.wait(&w.waiter) {
+                Woken::Call(first) => msgs.push(first),
+                // Shards were published; check which segments can go.
+                Woken::Published(rows) => woken_by = Some(rows),
+                Woken::Closed => break,
+            }
         } else {
             // Frames a failed write lost are tried again every RETRY_WAIT,
             // with whatever else has come.
             std::thread::sleep(RETRY_WAIT);
-            match rx.try_recv() {
+            match q.calls.try_recv() {
                 Ok(m) => msgs.push(m),
                 Err(mpsc::error::TryRecvError::Empty) => {}
                 Err(mpsc::error::TryRecvError::Disconnected) => break,
@@ -278,7 +340,7 @@ fn run(
             .wal_busy_since
             .store(crate::now_micros(), Ordering::Relaxed);
         while msgs.len() < MAX_BATCH {
-            match rx.try_recv() {
+            match q.calls.try_recv() {
                 Ok(m) => msgs.push(m),
                 Err(_) => break,
             }
@@ -349,7 +411,6 @@ fn run(
                         ack,
                     ));
                 }
-                WalMsg::Wake => {}
                 WalMsg::Shutdown => shutdown = true,
             }
         }
@@ -362,10 +423,10 @@ fn run(
         let result = write_out(w, &buf);
         buf.clear();
         match result {
-            Ok(()) => commit(w, batch, shard_tx),
+            Ok(()) => commit(w, batch, &q.rows),
             Err(e) => fail(w, batch, &e),
         }
-        apply_published(w, published);
+        apply_published(w, q, woken_by);
         if w.segment_bytes >= w.cfg.wal_segment_bytes {
             if let Err(e) = w.rotate() {
                 tracing::error!(error = %e, "could not start a new WAL segment");
