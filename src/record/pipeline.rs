@@ -186,3 +186,82 @@ pub(crate) fn start(
     Ok((calls_tx, Stages { wal, shards }))
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::wal::list_segments;
+    use crate::record::{CallBegin, CallMeta, CallOutcome, CallStatus, Recorder};
+    use std::time::Duration;
+
+    fn call(id: &str) -> (Arc<CallBegin>, CallOutcome) {
+        let meta = CallMeta {
+            call_id: id.into(),
+            rollout_id: "r".into(),
+            sequence: 0,
+            wire_api: "chat_completions".into(),
+            route: None,
+            model: None,
+            upstream_model: None,
+            stream: false,
+            received_at: 1,
+            user_agent: None,
+            upstream_api: None,
+        };
+        let outcome = CallOutcome {
+            call_id: id.into(),
+            status: CallStatus::Ok,
+            http_status: Some(200),
+            failure_class: None,
+            failure_message: None,
+            first_byte_at: None,
+            done_at: 2,
+        };
+        let begin = CallBegin {
+            meta,
+            request: bytes::Bytes::from_static(b"{}"),
+            upstream_request: None,
+        };
+        (Arc::new(begin), outcome)
+    }
+
+    /// A shard published while the WAL writer is idle reaches it on the
+    /// published queue, which wakes it to delete the segments that file
+    /// emptied; shutdown then leaves no segment at all.
+    #[tokio::test]
+    async fn a_published_shard_wakes_the_wal_writer_to_delete_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = ShardConfig {
+            dir: dir.path().to_path_buf(),
+            // Every batch starts a new segment.
+            wal_segment_bytes: 1,
+            max_age_secs: 0.05,
+            ..ShardConfig::default()
+        };
+        let wal_dir = dir.path().join("wal");
+        let (recorder, task, _) = Recorder::start(&cfg).unwrap();
+        let (begin, outcome) = call("c1");
+        recorder.begin(begin).await.unwrap().await.unwrap();
+        recorder
+            .end(outcome, bytes::Bytes::from_static(b"{}"), None)
+            .await
+            .unwrap();
+        // The start is in segment 0, the end in segment 1; the writer is now
+        // on segment 2 and waits. Once the shard is published by age, 0 and
+        // 1 go without another call arriving.
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while list_segments(&wal_dir).unwrap() != [2] {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the WAL writer deleted the published segments");
+        assert_eq!(recorder.stats.wal_segments.load(Ordering::Relaxed), 1);
+        assert_eq!(recorder.unpublished_rows(), 0);
+        task.shutdown().await;
+        assert!(list_segments(&wal_dir).unwrap().is_empty());
+        let published = recorder.stats.rows_published.load(Ordering::Relaxed);
+        assert_eq!(published, 1);
+        assert!(!recorder.stats.wal_alive.load(Ordering::Relaxed));
+        assert!(!recorder.stats.shard_alive.load(Ordering::Relaxed));
+    }
+}
