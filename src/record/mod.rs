@@ -2,18 +2,21 @@
 //! then in a Parquet shard.
 //!
 //! ```text
-//!  response path ──Begin/End──▶ [bounded queue] ──▶ WAL thread ──▶ [bounded queue] ──▶ shard thread
-//!        ▲                                            │  (group commit)                   │ (rotate, publish)
-//!        └──────────── ack: End is in the WAL ◀──────┘                                   ▼
-//!                                                       segments deleted once their rows are in shards
+//!  response path ──Begin/End──▶ [call queue] ──▶ WAL thread ──▶ [shard queue] ──▶ shard thread
+//!        ▲                                        │  ▲ (group commit)              │ (rotate, publish)
+//!        └──────────── ack: End is in the WAL ◀───┘  └──── [published queue] ◀─────┘
+//!                                       segments deleted once their rows are in shards
 //! ```
 //!
 //! The response path never waits for Parquet; it waits only for the WAL write
-//! of a call's end before releasing the last bytes to the harness. Both queues
-//! are bounded: when the disk falls behind, responses slow down instead of
-//! memory growing. On start, `replay` turns what the WAL holds into shard rows
-//! (calls cut off by a crash become `incomplete` rows), exactly once.
+//! of a call's end before releasing the last bytes to the harness. The call
+//! and shard queues are bounded: when the disk falls behind, responses slow
+//! down instead of memory growing. `pipeline` makes the queues and starts
+//! both threads, and names each queue's capacity and full-queue policy. On
+//! start, `replay` turns what the WAL holds into shard rows (calls cut off by
+//! a crash become `incomplete` rows), exactly once.
 
+pub mod pipeline;
 pub mod replay;
 mod rollout_id;
 pub mod row;
@@ -346,6 +349,7 @@ impl RecorderStats {
     }
 }
 
+/// What the call queue carries, from the response path to the WAL writer.
 pub(crate) enum WalMsg {
     /// A call's start, with an ack once it is in the WAL.
     Begin(
@@ -362,8 +366,6 @@ pub(crate) enum WalMsg {
         finish: RolloutFinish,
         ack: oneshot::Sender<Result<(), RecordError>>,
     },
-    /// Shards were published; check which segments can go.
-    Wake,
     Shutdown,
 }
 
@@ -382,14 +384,7 @@ impl Recorder {
     ) -> Result<(Recorder, RecorderTask, replay::Recovered), RecordError> {
         let recovered = replay::recover(cfg)?;
         let stats = Arc::new(RecorderStats::default());
-        let (tx, rx) = mpsc::channel(cfg.queue_capacity);
-        let thread = wal::spawn(
-            cfg.clone(),
-            recovered.next_segment,
-            rx,
-            tx.clone(),
-            stats.clone(),
-        )?;
+        let (tx, stages) = pipeline::start(cfg, recovered.next_segment, &stats)?;
         Ok((
             Recorder {
                 tx: tx.clone(),
@@ -397,7 +392,7 @@ impl Recorder {
             },
             RecorderTask {
                 tx,
-                thread: Some(thread),
+                stages: Some(stages),
             },
             recovered,
         ))
@@ -470,7 +465,7 @@ impl Recorder {
 /// Owns the recorder threads; `shutdown` flushes and publishes everything.
 pub struct RecorderTask {
     tx: mpsc::Sender<WalMsg>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    stages: Option<pipeline::Stages>,
 }
 
 impl RecorderTask {
@@ -478,8 +473,8 @@ impl RecorderTask {
     /// the WAL and become `incomplete` rows at the next start.
     pub async fn shutdown(mut self) {
         let _ = self.tx.send(WalMsg::Shutdown).await;
-        if let Some(t) = self.thread.take() {
-            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        if let Some(stages) = self.stages.take() {
+            let _ = tokio::task::spawn_blocking(move || stages.join()).await;
         }
     }
 }

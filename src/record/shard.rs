@@ -3,9 +3,10 @@
 //! when it reaches `max_rows`, `max_bytes` or `max_age_secs`. A rename is
 //! atomic, so readers globbing `*.parquet` never see a half-written file.
 
+use super::pipeline::SegmentRows;
 use super::row::{CallRow, RolloutRow};
 use super::wal::sync_dir;
-use super::{CompletedCall, RecorderStats, RolloutFinish, WalMsg, SCHEMA_VERSION};
+use super::{CompletedCall, RecorderStats, RolloutFinish, SCHEMA_VERSION};
 use crate::config::ShardConfig;
 use arrow::array::{
     ArrayRef, BinaryArray, BooleanArray, Float64Array, Int32Array, Int64Array, ListArray,
@@ -24,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-/// Work for the shard thread.
+/// Work for the shard writer, on the shard queue.
 pub(crate) enum ShardItem {
     Call { segment: u64, call: CompletedCall },
     Rollout { segment: u64, finish: RolloutFinish },
@@ -433,9 +434,12 @@ impl ShardSet {
     }
 }
 
+/// The shard writer's end of the published queue.
+type PublishedTx = tokio::sync::mpsc::UnboundedSender<SegmentRows>;
+
 fn publish_one<R: ShardRow>(
     w: &mut ShardWriter<R>,
-    published: &std::sync::mpsc::Sender<Vec<(u64, u64)>>,
+    published: &PublishedTx,
     stats: &RecorderStats,
 ) {
     match w.publish() {
@@ -466,7 +470,7 @@ fn push_one<R: ShardRow>(
     w: &mut ShardWriter<R>,
     row: R,
     segment: u64,
-    published: &std::sync::mpsc::Sender<Vec<(u64, u64)>>,
+    published: &PublishedTx,
     stats: &RecorderStats,
 ) {
     match w.push(row, segment) {
@@ -480,17 +484,16 @@ fn push_one<R: ShardRow>(
     }
 }
 
-/// The shard thread: build rows, batch, rotate, publish.
+/// The shard writer stage: build rows, batch, rotate, publish, and report
+/// each published file on the published queue. Stops, publishing what it
+/// holds, when the shard queue closes.
 pub(crate) fn run(
-    _cfg: ShardConfig,
     mut set: ShardSet,
     rx: std::sync::mpsc::Receiver<ShardItem>,
-    published: std::sync::mpsc::Sender<Vec<(u64, u64)>>,
-    wake: tokio::sync::mpsc::Sender<WalMsg>,
-    stats: Arc<RecorderStats>,
+    published: PublishedTx,
+    stats: &RecorderStats,
 ) {
     use std::sync::mpsc::RecvTimeoutError;
-    let _alive = super::wal::AliveGuard(&stats.shard_alive);
     loop {
         let deadline = [set.calls.deadline(), set.rollouts.deadline()]
             .into_iter()
@@ -499,7 +502,6 @@ pub(crate) fn run(
         let wait = deadline.map_or(Duration::from_secs(3600), |d| {
             d.saturating_duration_since(Instant::now())
         });
-        let before = stats.shards_published.load(Ordering::Relaxed);
         let item = rx.recv_timeout(wait);
         stats
             .shard_busy_since
@@ -510,29 +512,26 @@ pub(crate) fn run(
                 if salvaged {
                     stats.rows_salvaged.fetch_add(1, Ordering::Relaxed);
                 }
-                push_one(&mut set.calls, row, segment, &published, &stats)
+                push_one(&mut set.calls, row, segment, &published, stats)
             }
             Ok(ShardItem::Rollout { segment, finish }) => {
-                push_one(&mut set.rollouts, finish, segment, &published, &stats)
+                push_one(&mut set.rollouts, finish, segment, &published, stats)
             }
             Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => {
-                publish_one(&mut set.calls, &published, &stats);
-                publish_one(&mut set.rollouts, &published, &stats);
+                publish_one(&mut set.calls, &published, stats);
+                publish_one(&mut set.rollouts, &published, stats);
                 return;
             }
         }
         let now = Instant::now();
         if set.calls.deadline().is_some_and(|d| d <= now) {
-            publish_one(&mut set.calls, &published, &stats);
+            publish_one(&mut set.calls, &published, stats);
         }
         if set.rollouts.deadline().is_some_and(|d| d <= now) {
-            publish_one(&mut set.rollouts, &published, &stats);
+            publish_one(&mut set.rollouts, &published, stats);
         }
         stats.shard_busy_since.store(0, Ordering::Relaxed);
-        if stats.shards_published.load(Ordering::Relaxed) != before {
-            let _ = wake.try_send(WalMsg::Wake);
-        }
     }
 }
 

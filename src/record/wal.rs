@@ -1,12 +1,10 @@
-//! The write-ahead log: numbered segment files of checksummed frames.
+//! The write-ahead log writer: the pipeline's first stage. It takes call
+//! starts, ends and rollout finishes from the call queue, writes them to
+//! numbered segment files (`segment`) as checksummed frames (`frame`), and
+//! hands the rows on to the shard writer. `super::pipeline` makes its
+//! queues and starts it.
 //!
-//! Frame: `b"RCW1" | kind u8 | header_len u32 | blob_a_len u32 | blob_b_len u32 |
-//! crc32 u32 | header (JSON) | blob_a | blob_b`, integers little-endian, the
-//! CRC over everything after itself. A torn tail (a frame cut by a crash)
-//! fails its length or CRC check; replay then looks for the next frame's
-//! magic and goes on from there, so one damaged frame costs only itself.
-//!
-//! The writer thread commits in groups: it takes every message queued, writes
+//! The writer commits in groups: it takes every message queued, writes
 //! them with one `write`, optionally `fsync`s, then acknowledges them all. A
 //! failed write is acknowledged as failed (the proxy then answers the harness
 //! with an error, `shards.on_wal_error`), the segment is cut back to its last
@@ -14,170 +12,35 @@
 //! batch's call starts are written again with the next batch: recording goes
 //! on by itself once the disk takes writes again. A segment is deleted once
 //! every call begun in it, and in every segment before it, is in a published
-//! shard. On shutdown, calls still open are handed to the shard writer as
+//! shard: the shard writer reports each file it publishes on the published
+//! queue. On shutdown, calls still open are handed to the shard writer as
 //! `incomplete` rows, so a graceful stop leaves no segment behind.
 
-use super::shard::{ShardItem, ShardSet};
+mod frame;
+mod segment;
+
+pub use frame::{decode_all, encode, Frame, FrameTooLarge, Kind};
+use segment::open_segment;
+pub use segment::{list_segments, read_segment, segment_path, sync_dir, SegmentContents};
+
+use super::pipeline::SegmentRows;
+use super::shard::ShardItem;
 use super::{
     CallBegin, CallMeta, CallOutcome, CallStatus, CompletedCall, FailureClass, RecordError,
-    RecorderStats, RolloutFinish, WalMsg,
+    RecorderStats, WalMsg,
 };
 use crate::config::{OnWalError, ShardConfig};
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
-const MAGIC: &[u8; 4] = b"RCW1";
-const FIXED: usize = 4 + 1 + 4 + 4 + 4 + 4;
-
-/// Frame kinds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum Kind {
-    /// header: `CallMeta`; a: request; b: upstream request (may be empty)
-    Begin = 1,
-    /// header: `CallOutcome`; a: response body; b: upstream response (may be empty)
-    End = 2,
-    /// header: `RolloutFinish`
-    Finish = 3,
-}
-
-/// A decoded frame.
-#[derive(Debug)]
-pub struct Frame {
-    pub kind: Kind,
-    pub header: Vec<u8>,
-    pub a: Vec<u8>,
-    pub b: Vec<u8>,
-}
-
-/// A frame part longer than a `u32` length field can say.
-#[derive(Debug, thiserror::Error)]
-#[error("a write-ahead log frame part of {0} bytes exceeds the 4 GiB frame limit")]
-pub struct FrameTooLarge(pub usize);
-
-/// Append one frame to `buf`.
-pub fn encode(
-    buf: &mut Vec<u8>,
-    kind: Kind,
-    header: &[u8],
-    a: &[u8],
-    b: &[u8],
-) -> Result<(), FrameTooLarge> {
-    for part in [header, a, b] {
-        if u32::try_from(part.len()).is_err() {
-            return Err(FrameTooLarge(part.len()));
-        }
-    }
-    let mut crc = crc32fast::Hasher::new();
-    let mut lens = [0u8; 13];
-    lens[0] = kind as u8;
-    lens[1..5].copy_from_slice(&(header.len() as u32).to_le_bytes());
-    lens[5..9].copy_from_slice(&(a.len() as u32).to_le_bytes());
-    lens[9..13].copy_from_slice(&(b.len() as u32).to_le_bytes());
-    crc.update(&lens);
-    crc.update(header);
-    crc.update(a);
-    crc.update(b);
-    buf.extend_from_slice(MAGIC);
-    buf.extend_from_slice(&lens);
-    buf.extend_from_slice(&crc.finalize().to_le_bytes());
-    buf.extend_from_slice(header);
-    buf.extend_from_slice(a);
-    buf.extend_from_slice(b);
-    Ok(())
-}
-
-/// Decode the frame at the start of `data`: the frame and its length, or
-/// `None` when it is torn, corrupt or not a frame.
-fn decode_one(data: &[u8]) -> Option<(Frame, usize)> {
-    let fixed = data.get(..FIXED)?;
-    if &fixed[..4] != MAGIC {
-        return None;
-    }
-    let u32_at = |i: usize| -> usize {
-        u32::from_le_bytes([fixed[i], fixed[i + 1], fixed[i + 2], fixed[i + 3]]) as usize
-    };
-    let (h, a, b) = (u32_at(5), u32_at(9), u32_at(13));
-    let want = u32_at(17) as u32;
-    let total = FIXED.checked_add(h)?.checked_add(a)?.checked_add(b)?;
-    let body = data.get(FIXED..total)?;
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&fixed[4..17]);
-    crc.update(body);
-    if crc.finalize() != want {
-        return None;
-    }
-    let kind = match fixed[4] {
-        1 => Kind::Begin,
-        2 => Kind::End,
-        3 => Kind::Finish,
-        _ => return None,
-    };
-    let frame = Frame {
-        kind,
-        header: body[..h].to_vec(),
-        a: body[h..h + a].to_vec(),
-        b: body[h + a..].to_vec(),
-    };
-    Some((frame, total))
-}
-
-/// Decode every whole, intact frame. A torn or corrupt one is skipped: the
-/// scan resumes at the next frame magic after it. Returns the frames and
-/// whether the data was all whole frames.
-pub fn decode_all(data: &[u8]) -> (Vec<Frame>, bool) {
-    let mut out = Vec::new();
-    let mut pos = 0;
-    let mut clean = true;
-    while pos < data.len() {
-        if let Some((frame, len)) = decode_one(&data[pos..]) {
-            out.push(frame);
-            pos += len;
-            continue;
-        }
-        clean = false;
-        match memchr::memmem::find(&data[pos + 1..], MAGIC) {
-            Some(i) => pos += 1 + i,
-            None => break,
-        }
-    }
-    (out, clean)
-}
-
-pub fn segment_path(dir: &Path, n: u64) -> PathBuf {
-    dir.join(format!("wal-{n:016}.log"))
-}
-
-/// Segment numbers present in `dir`, ascending.
-pub fn list_segments(dir: &Path) -> std::io::Result<Vec<u64>> {
-    let mut out = Vec::new();
-    if !dir.exists() {
-        return Ok(out);
-    }
-    for e in std::fs::read_dir(dir)? {
-        let name = e?.file_name();
-        let name = name.to_string_lossy();
-        if let Some(n) = name
-            .strip_prefix("wal-")
-            .and_then(|s| s.strip_suffix(".log"))
-        {
-            if let Ok(n) = n.parse() {
-                out.push(n);
-            }
-        }
-    }
-    out.sort_unstable();
-    Ok(out)
-}
-
-struct Writer {
+/// The WAL writer's state, owned by its thread.
+pub(crate) struct Writer {
     dir: PathBuf,
     cfg: ShardConfig,
     file: File,
@@ -197,20 +60,47 @@ struct Writer {
     retry: HashMap<String, (u64, CompletedCall)>,
     stats: Arc<RecorderStats>,
     hook: Option<PathBuf>,
+    /// Lets the writer wait on its two incoming queues at once; it runs no
+    /// tasks of its own.
+    waiter: tokio::runtime::Runtime,
 }
 
 impl Writer {
-    fn open_segment(dir: &Path, n: u64) -> std::io::Result<File> {
-        let f = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(segment_path(dir, n))?;
-        sync_dir(dir);
-        Ok(f)
+    /// Create `DIR/wal/` and open segment `first_segment`: the writer's
+    /// state before its thread starts.
+    pub(crate) fn open(
+        cfg: ShardConfig,
+        first_segment: u64,
+        stats: Arc<RecorderStats>,
+    ) -> Result<Writer, RecordError> {
+        let dir = cfg.dir.join("wal");
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| RecordError::Wal(format!("{}: {e}", dir.display())))?;
+        let file =
+            open_segment(&dir, first_segment).map_err(|e| RecordError::Wal(e.to_string()))?;
+        let waiter = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .map_err(|e| RecordError::Wal(e.to_string()))?;
+        stats.wal_segments.store(1, Ordering::Relaxed);
+        let hook = std::env::var_os(HOOK_ENV).map(PathBuf::from);
+        Ok(Writer {
+            dir,
+            cfg,
+            file,
+            segment: first_segment,
+            segment_bytes: 0,
+            unpublished: BTreeMap::from([(first_segment, 0)]),
+            pending: HashMap::new(),
+            rewrite: Vec::new(),
+            retry: HashMap::new(),
+            stats,
+            hook,
+            waiter,
+        })
     }
 
     fn rotate(&mut self) -> std::io::Result<()> {
-        let file = Self::open_segment(&self.dir, self.segment + 1)?;
+        let file = open_segment(&self.dir, self.segment + 1)?;
         self.segment += 1;
         self.file = file;
         self.segment_bytes = 0;
@@ -233,6 +123,15 @@ impl Writer {
         }
     }
 
+    /// Rows of a published shard are no longer unpublished in their segments.
+    fn release(&mut self, published: SegmentRows) {
+        for (seg, n) in published {
+            if let Some(c) = self.unpublished.get_mut(&seg) {
+                *c = c.saturating_sub(n);
+            }
+        }
+    }
+
     /// After a failed write: cut the segment back to its last whole frame,
     /// or start a new segment when even that fails.
     fn repair(&mut self) {
@@ -249,13 +148,6 @@ impl Writer {
     }
 }
 
-/// fsync a directory so that a new or renamed entry survives power loss.
-pub fn sync_dir(dir: &Path) {
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
-}
-
 /// The test hook `ROLLCALL_TEST_WAL_HOOK=FILE`: while FILE holds `stall`
 /// the writer waits before each write; `fail` makes each write fail, `torn`
 /// writes half a batch and then fails. Lets tests stall or break the disk
@@ -269,97 +161,108 @@ fn hook_state(hook: &Option<PathBuf>) -> String {
         .unwrap_or_default()
 }
 
-/// Marks a recorder thread dead when it returns or unwinds.
-pub(crate) struct AliveGuard<'a>(pub &'a AtomicBool);
-impl Drop for AliveGuard<'_> {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Relaxed);
+/// The writer's ends of its queues, made by `super::pipeline`.
+pub(crate) struct WalQueues {
+    /// Call starts, ends and rollout finishes from the response path.
+    pub calls: mpsc::Receiver<WalMsg>,
+    /// Rows acknowledged in the WAL, to the shard writer.
+    pub rows: std::sync::mpsc::SyncSender<ShardItem>,
+    /// What the shard writer published, per segment; `None` once the shard
+    /// writer has stopped.
+    pub published: Option<mpsc::UnboundedReceiver<SegmentRows>>,
+}
+
+/// What ended the writer's wait for work.
+enum Woken {
+    Call(WalMsg),
+    Published(SegmentRows),
+    /// Every sender of the call queue is gone.
+    Closed,
+}
+
+impl WalQueues {
+    /// Wait for a message on the call queue or the published queue.
+    fn wait(&mut self, waiter: &tokio::runtime::Runtime) -> Woken {
+        let Self {
+            calls, published, ..
+        } = self;
+        waiter.block_on(async {
+            loop {
+                tokio::select! {
+                    biased;
+                    msg = calls.recv() => return msg.map_or(Woken::Closed, Woken::Call),
+                    rows = async { published.as_mut()?.recv().await }, if published.is_some() => {
+                        match rows {
+                            Some(rows) => return Woken::Published(rows),
+                            // The shard writer has stopped: wait for calls alone.
+                            None => *published = None,
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    /// A publication already queued, without waiting.
+    fn try_published(&mut self) -> Option<SegmentRows> {
+        self.published.as_mut()?.try_recv().ok()
     }
 }
 
-/// Start the WAL thread (which owns the shard thread).
-pub(crate) fn spawn(
-    cfg: ShardConfig,
-    first_segment: u64,
-    mut rx: mpsc::Receiver<WalMsg>,
-    wake: mpsc::Sender<WalMsg>,
-    stats: Arc<RecorderStats>,
-) -> Result<std::thread::JoinHandle<()>, RecordError> {
-    let dir = cfg.dir.join("wal");
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| RecordError::Wal(format!("{}: {e}", dir.display())))?;
-    let file =
-        Writer::open_segment(&dir, first_segment).map_err(|e| RecordError::Wal(e.to_string()))?;
-    let shards = ShardSet::open(&cfg).map_err(|e| RecordError::Shard(e.to_string()))?;
-    let (shard_tx, shard_rx) = std::sync::mpsc::sync_channel::<ShardItem>(cfg.queue_capacity);
-    let (published_tx, published_rx) = std::sync::mpsc::channel::<Vec<(u64, u64)>>();
-    let shard_stats = stats.clone();
-    let shard_cfg = cfg.clone();
-    stats.shard_alive.store(true, Ordering::Relaxed);
-    stats.wal_alive.store(true, Ordering::Relaxed);
-    let shard_thread = std::thread::Builder::new()
-        .name("rollcall-shards".into())
-        .spawn(move || {
-            super::shard::run(shard_cfg, shards, shard_rx, published_tx, wake, shard_stats)
-        })
-        .map_err(|e| RecordError::Shard(e.to_string()))?;
-    stats.wal_segments.store(1, Ordering::Relaxed);
-    let hook = std::env::var_os(HOOK_ENV).map(PathBuf::from);
-    let mut w = Writer {
-        dir,
-        cfg,
-        file,
-        segment: first_segment,
-        segment_bytes: 0,
-        unpublished: BTreeMap::from([(first_segment, 0)]),
-        pending: HashMap::new(),
-        rewrite: Vec::new(),
-        retry: HashMap::new(),
-        stats,
-        hook,
-    };
-    std::thread::Builder::new()
-        .name("rollcall-wal".into())
-        .spawn(move || {
-            let stats = w.stats.clone();
-            let _alive = AliveGuard(&stats.wal_alive);
-            run(&mut w, &mut rx, &shard_tx, &published_rx);
-            // Calls still open at shutdown end here, as incomplete rows, so
-            // that their segments can go.
-            // Ends a failing disk never took go to the shards as they are
-            // (their starts keep the WAL until those rows are published).
-            for (_, (segment, call)) in w.retry.drain() {
-                w.stats.unpublished_rows.fetch_add(1, Ordering::Relaxed);
-                let _ = shard_tx.send(ShardItem::Call { segment, call });
-            }
-            let open: Vec<_> = w.pending.drain().collect();
-            if !open.is_empty() {
-                tracing::warn!(
-                    calls = open.len(),
-                    "calls still in flight at shutdown are recorded as incomplete"
-                );
-            }
-            for (_, (segment, begin)) in open {
-                let outcome = interrupted(&begin.meta, crate::now_micros());
-                let call = CompletedCall {
-                    begin,
-                    outcome,
-                    response: Bytes::new(),
-                    upstream_response: None,
-                };
-                w.stats.unpublished_rows.fetch_add(1, Ordering::Relaxed);
-                let _ = shard_tx.send(ShardItem::Call { segment, call });
-            }
-            drop(shard_tx);
-            let _ = shard_thread.join();
-            apply_published(&mut w, &published_rx);
-            // Everything is published: the current segment may go too.
-            if w.unpublished.values().all(|&n| n == 0) {
-                w.segment += 1;
-                w.collect_garbage();
-            }
-        })
-        .map_err(|e| RecordError::Wal(e.to_string()))
+/// The WAL writer stage: write batches until shutdown (or until the call
+/// queue closes), then end the calls still open and wait for the shard
+/// writer to publish everything.
+pub(crate) fn run(mut w: Writer, mut q: WalQueues) {
+    write_batches(&mut w, &mut q);
+    // Calls still open at shutdown end here, as incomplete rows, so
+    // that their segments can go.
+    // Ends a failing disk never took go to the shards as they are
+    // (their starts keep the WAL until those rows are published).
+    for (_, (segment, call)) in w.retry.drain() {
+        w.stats.unpublished_rows.fetch_add(1, Ordering::Relaxed);
+        let _ = q.rows.send(ShardItem::Call { segment, call });
+    }
+    let open: Vec<_> = w.pending.drain().collect();
+    if !open.is_empty() {
+        tracing::warn!(
+            calls = open.len(),
+            "calls still in flight at shutdown are recorded as incomplete"
+        );
+    }
+    for (_, (segment, begin)) in open {
+        let outcome = interrupted(&begin.meta, crate::now_micros());
+        let call = CompletedCall {
+            begin,
+            outcome,
+            response: Bytes::new(),
+            upstream_response: None,
+        };
+        w.stats.unpublished_rows.fetch_add(1, Ordering::Relaxed);
+        let _ = q.rows.send(ShardItem::Call { segment, call });
+    }
+    let WalQueues {
+        calls: _calls,
+        rows,
+        published,
+    } = q;
+    // Closing the row queue stops the shard writer once it has published
+    // what it holds; the published queue closes when it has stopped.
+    drop(rows);
+    let mut any = false;
+    if let Some(mut published) = published {
+        while let Some(rows) = published.blocking_recv() {
+            any = true;
+            w.release(rows);
+        }
+    }
+    if any {
+        w.collect_garbage();
+    }
+    // Everything is published: the current segment may go too.
+    if w.unpublished.values().all(|&n| n == 0) {
+        w.segment += 1;
+        w.collect_garbage();
+    }
 }
 
 /// The outcome of a call the proxy stopped before it ended.
@@ -375,15 +278,16 @@ pub(crate) fn interrupted(meta: &CallMeta, at: i64) -> CallOutcome {
     }
 }
 
-fn apply_published(w: &mut Writer, published: &std::sync::mpsc::Receiver<Vec<(u64, u64)>>) {
+/// Apply what the shard writer published: the publication that woke the
+/// writer, if one did, and every one queued since.
+fn apply_published(w: &mut Writer, q: &mut WalQueues, woken_by: Option<SegmentRows>) {
     let mut any = false;
-    while let Ok(list) = published.try_recv() {
+    for rows in woken_by
+        .into_iter()
+        .chain(std::iter::from_fn(|| q.try_published()))
+    {
         any = true;
-        for (seg, n) in list {
-            if let Some(c) = w.unpublished.get_mut(&seg) {
-                *c = c.saturating_sub(n);
-            }
-        }
+        w.release(rows);
     }
     if any {
         w.collect_garbage();
@@ -408,26 +312,25 @@ struct Batch {
     finished: Vec<(ShardItem, Ack)>,
 }
 
-fn run(
-    w: &mut Writer,
-    rx: &mut mpsc::Receiver<WalMsg>,
-    shard_tx: &std::sync::mpsc::SyncSender<ShardItem>,
-    published: &std::sync::mpsc::Receiver<Vec<(u64, u64)>>,
-) {
+/// Take, write and acknowledge batches until shutdown.
+fn write_batches(w: &mut Writer, q: &mut WalQueues) {
     let mut buf: Vec<u8> = Vec::with_capacity(1 << 20);
     let mut msgs = Vec::with_capacity(MAX_BATCH);
     let mut shutdown = false;
     while !shutdown {
+        let mut woken_by = None;
         if w.retry.is_empty() && w.rewrite.is_empty() {
-            let Some(first) = rx.blocking_recv() else {
-                break;
-            };
-            msgs.push(first);
+            match q.wait(&w.waiter) {
+                Woken::Call(first) => msgs.push(first),
+                // Shards were published; check which segments can go.
+                Woken::Published(rows) => woken_by = Some(rows),
+                Woken::Closed => break,
+            }
         } else {
             // Frames a failed write lost are tried again every RETRY_WAIT,
             // with whatever else has come.
             std::thread::sleep(RETRY_WAIT);
-            match rx.try_recv() {
+            match q.calls.try_recv() {
                 Ok(m) => msgs.push(m),
                 Err(mpsc::error::TryRecvError::Empty) => {}
                 Err(mpsc::error::TryRecvError::Disconnected) => break,
@@ -437,7 +340,7 @@ fn run(
             .wal_busy_since
             .store(crate::now_micros(), Ordering::Relaxed);
         while msgs.len() < MAX_BATCH {
-            match rx.try_recv() {
+            match q.calls.try_recv() {
                 Ok(m) => msgs.push(m),
                 Err(_) => break,
             }
@@ -508,7 +411,6 @@ fn run(
                         ack,
                     ));
                 }
-                WalMsg::Wake => {}
                 WalMsg::Shutdown => shutdown = true,
             }
         }
@@ -521,10 +423,10 @@ fn run(
         let result = write_out(w, &buf);
         buf.clear();
         match result {
-            Ok(()) => commit(w, batch, shard_tx),
+            Ok(()) => commit(w, batch, &q.rows),
             Err(e) => fail(w, batch, &e),
         }
-        apply_published(w, published);
+        apply_published(w, q, woken_by);
         if w.segment_bytes >= w.cfg.wal_segment_bytes {
             if let Err(e) = w.rotate() {
                 tracing::error!(error = %e, "could not start a new WAL segment");
@@ -638,131 +540,4 @@ fn write_out(w: &mut Writer, buf: &[u8]) -> std::io::Result<()> {
         .wal_bytes_written
         .fetch_add(buf.len() as u64, Ordering::Relaxed);
     Ok(())
-}
-
-/// What one segment holds, decoded.
-pub struct SegmentContents {
-    pub begins: Vec<(CallMeta, Bytes, Option<Bytes>)>,
-    pub ends: Vec<(super::CallOutcome, Bytes, Option<Bytes>)>,
-    pub finishes: Vec<RolloutFinish>,
-    pub clean: bool,
-}
-
-pub fn read_segment(path: &Path) -> std::io::Result<SegmentContents> {
-    let data = std::fs::read(path)?;
-    let (frames, clean) = decode_all(&data);
-    let mut out = SegmentContents {
-        begins: Vec::new(),
-        ends: Vec::new(),
-        finishes: Vec::new(),
-        clean,
-    };
-    for f in frames {
-        match f.kind {
-            Kind::Begin => {
-                if let Ok(meta) = serde_json::from_slice(&f.header) {
-                    let up = (!f.b.is_empty()).then(|| Bytes::from(f.b));
-                    out.begins.push((meta, Bytes::from(f.a), up));
-                }
-            }
-            Kind::End => {
-                if let Ok(o) = serde_json::from_slice(&f.header) {
-                    let up = (!f.b.is_empty()).then(|| Bytes::from(f.b));
-                    out.ends.push((o, Bytes::from(f.a), up));
-                }
-            }
-            Kind::Finish => {
-                if let Ok(fin) = serde_json::from_slice(&f.header) {
-                    out.finishes.push(fin);
-                }
-            }
-        }
-    }
-    Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn frames_round_trip_and_torn_tails_stop_replay() {
-        let mut buf = Vec::new();
-        encode(&mut buf, Kind::Begin, b"{}", b"req", b"").unwrap();
-        encode(&mut buf, Kind::End, b"{\"x\":1}", b"resp", b"").unwrap();
-        let (frames, clean) = decode_all(&buf);
-        assert!(clean);
-        assert_eq!(frames.len(), 2);
-        assert_eq!(frames[1].a, b"resp");
-        for cut in 1..buf.len() {
-            let (frames, _) = decode_all(&buf[..cut]);
-            assert!(frames.len() <= 1 || cut == buf.len());
-        }
-        let mut bad = buf.clone();
-        let last = bad.len() - 1;
-        bad[last] ^= 0xff;
-        let (frames, clean) = decode_all(&bad);
-        assert_eq!(frames.len(), 1);
-        assert!(!clean);
-    }
-
-    fn three() -> (Vec<u8>, usize) {
-        let mut buf = Vec::new();
-        encode(&mut buf, Kind::Begin, b"{}", b"one", b"").unwrap();
-        let first = buf.len();
-        encode(&mut buf, Kind::Begin, b"{}", b"two", b"").unwrap();
-        encode(&mut buf, Kind::Begin, b"{}", b"three", b"up").unwrap();
-        (buf, first)
-    }
-
-    #[test]
-    fn a_damaged_frame_costs_only_itself() {
-        let (buf, first) = three();
-        let mut bad = buf.clone();
-        bad[first + FIXED + 3] ^= 0x40; // inside the second frame's header
-        let (frames, clean) = decode_all(&bad);
-        assert!(!clean);
-        let blobs: Vec<_> = frames.iter().map(|f| f.a.clone()).collect();
-        assert_eq!(blobs, vec![b"one".to_vec(), b"three".to_vec()]);
-        // Zeroes written over a frame (a torn page) likewise.
-        let mut zeroed = buf.clone();
-        zeroed[first..first + 10].fill(0);
-        assert_eq!(decode_all(&zeroed).0.len(), 2);
-        // A frame whose lengths claim more than there is ends the scan.
-        let mut huge = buf.clone();
-        huge[first + 9..first + 13].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert_eq!(decode_all(&huge).0.len(), 2);
-    }
-
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
-        /// Truncated at any offset, bit-flipped anywhere, or with a zeroed
-        /// tail, a segment decodes without panicking, and every frame the
-        /// damage did not touch is still read.
-        #[test]
-        fn corrupted_segments_never_panic(cut in 0usize..200, flip in 0usize..200, bit in 0u8..8, zero in 0usize..200) {
-            let (buf, _) = three();
-            let n = buf.len();
-            let (frames, _) = decode_all(&buf[..cut.min(n)]);
-            proptest::prop_assert!(frames.len() <= 3);
-            let mut flipped = buf.clone();
-            flipped[flip % n] ^= 1 << bit;
-            let (frames, _) = decode_all(&flipped);
-            proptest::prop_assert!(frames.len() >= 2, "one flipped bit lost more than its frame");
-            let mut z = buf.clone();
-            let from = n - zero.min(n);
-            z[from..].fill(0);
-            let whole = decode_all(&buf[..from]).0.len();
-            proptest::prop_assert_eq!(decode_all(&z).0.len(), whole);
-        }
-
-        /// Arbitrary bytes never panic the decoder.
-        #[test]
-        fn arbitrary_bytes_never_panic(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
-            let mut d = data.clone();
-            d.splice(0..0, MAGIC.iter().copied());
-            let _ = decode_all(&data);
-            let _ = decode_all(&d);
-        }
-    }
 }

@@ -1,0 +1,267 @@
+//! The recording topology, wired in one place: the two stages, the three
+//! queues that join them, how much each queue holds and what a sender does
+//! when it is full.
+//!
+//! ```text
+//!                 call_queue()                     shard_queue()
+//!                 Bounded, Block                   Bounded, Block
+//!  response path ───────────────▶ WAL writer ─────────────────────▶ shard writer ──▶ calls/*.parquet
+//!   (Recorder)                    rollcall-wal                      rollcall-shards    rollouts/*.parquet
+//!        ▲                          │      ▲                              │
+//!        └── ack: it is in the WAL ─┘      └─────── PUBLISHED_QUEUE ◀─────┘
+//!                                                   Unbounded: rows of each
+//!                                                   published file, per segment
+//! ```
+//!
+//! - **WAL writer** (`wal::run`, thread `rollcall-wal`): takes call starts,
+//!   ends and rollout finishes from the call queue, writes them to the WAL in
+//!   groups, acknowledges them, and sends their rows on to the shard queue.
+//!   It deletes a segment once the published queue has reported all of its
+//!   rows (and those of every earlier segment) in published shards.
+//! - **shard writer** (`shard::run`, thread `rollcall-shards`): assembles
+//!   rows, writes Parquet, rotates and publishes files, and reports every
+//!   published file on the published queue.
+//!
+//! Nothing is dropped anywhere: both bounded queues block, so a slow disk or
+//! a slow shard writer slows the responses instead of growing memory.
+//!
+//! Shutdown runs down the same path: `RecorderTask::shutdown` sends
+//! `Shutdown` on the call queue; the WAL writer writes its last batch, hands
+//! the calls still open to the shard queue as `incomplete` rows and closes
+//! it; the shard writer publishes what it holds and stops, which closes the
+//! published queue; the WAL writer applies the last publications, deletes
+//! the segments and stops. Both threads are then joined.
+
+use super::shard::{self, ShardItem, ShardSet};
+use super::wal::{self, WalQueues};
+use super::{RecordError, RecorderStats, WalMsg};
+use crate::config::ShardConfig;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use tokio::sync::mpsc;
+
+/// What a stage does when the queue it sends into is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenFull {
+    /// Wait until there is room. Nothing is dropped: a stage that falls
+    /// behind slows the one before it, and in the end the response path
+    /// (backpressure).
+    Block,
+}
+
+/// A bounded queue: it holds at most `capacity` messages, and a sender that
+/// finds it full does what `when_full` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounded {
+    pub capacity: usize,
+    pub when_full: WhenFull,
+}
+
+/// A queue that is never full: a send neither waits nor drops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unbounded;
+
+/// Response path → WAL writer: call starts and ends, rollout finishes,
+/// shutdown. Holds `shards.queue_capacity` messages. When it is full, the
+/// response path waits for room (`Recorder::begin`, `end` and `finish`
+/// await the send), so responses slow down instead of memory growing.
+pub fn call_queue(cfg: &ShardConfig) -> Bounded {
+    Bounded {
+        capacity: cfg.queue_capacity,
+        when_full: WhenFull::Block,
+    }
+}
+
+/// WAL writer → shard writer: rows already acknowledged in the WAL. Holds
+/// `shards.queue_capacity` rows. When it is full, the WAL writer waits, so
+/// its own queue fills and the wait reaches the response path. No row is
+/// dropped, and none could be lost: each is in the WAL until published.
+pub fn shard_queue(cfg: &ShardConfig) -> Bounded {
+    Bounded {
+        capacity: cfg.queue_capacity,
+        when_full: WhenFull::Block,
+    }
+}
+
+/// Shard writer → WAL writer: for each published file, how many of its rows
+/// were begun in each WAL segment, so the WAL writer can delete segments; a
+/// message also wakes an idle WAL writer to do so. Unbounded, because the
+/// shard writer must never wait on the WAL writer: the WAL writer may be
+/// waiting on the shard queue, and the two would wait on each other. It
+/// stays short: one message per published file, and the WAL writer drains
+/// it after every batch.
+pub const PUBLISHED_QUEUE: Unbounded = Unbounded;
+
+/// What the published queue carries: `(WAL segment, rows begun in it)` for
+/// the rows of one published shard file.
+pub(crate) type SegmentRows = Vec<(u64, u64)>;
+
+impl Bounded {
+    /// A queue for an async sender (the response path).
+    fn tokio_channel<T>(self) -> (mpsc::Sender<T>, mpsc::Receiver<T>) {
+        match self.when_full {
+            WhenFull::Block => mpsc::channel(self.capacity),
+        }
+    }
+
+    /// A queue for a sender on a thread of its own (a stage).
+    fn thread_channel<T>(self) -> (std::sync::mpsc::SyncSender<T>, std::sync::mpsc::Receiver<T>) {
+        match self.when_full {
+            WhenFull::Block => std::sync::mpsc::sync_channel(self.capacity),
+        }
+    }
+}
+
+impl Unbounded {
+    fn channel<T>(self) -> (mpsc::UnboundedSender<T>, mpsc::UnboundedReceiver<T>) {
+        mpsc::unbounded_channel()
+    }
+}
+
+/// Marks a stage dead when its thread returns or unwinds.
+struct AliveGuard<'a>(&'a AtomicBool);
+
+impl Drop for AliveGuard<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}
+
+/// The running stages, joined by `RecorderTask::shutdown`.
+pub(crate) struct Stages {
+    wal: JoinHandle<()>,
+    shards: JoinHandle<()>,
+}
+
+impl Stages {
+    /// Wait for both stages to stop. The WAL writer stops only after the
+    /// shard writer has (it waits for the published queue to close).
+    pub(crate) fn join(self) {
+        let _ = self.wal.join();
+        let _ = self.shards.join();
+    }
+}
+
+/// Open what both stages write, make the queues and start the stages. The
+/// WAL starts at segment `first_segment`. Returns the sending end of the
+/// call queue.
+pub(crate) fn start(
+    cfg: &ShardConfig,
+    first_segment: u64,
+    stats: &Arc<RecorderStats>,
+) -> Result<(mpsc::Sender<WalMsg>, Stages), RecordError> {
+    // Both stages' files are opened before either starts, so a disk that
+    // cannot be written is a start-up error.
+    let writer = wal::Writer::open(cfg.clone(), first_segment, stats.clone())?;
+    let shard_set = ShardSet::open(cfg).map_err(|e| RecordError::Shard(e.to_string()))?;
+
+    let (calls_tx, calls_rx) = call_queue(cfg).tokio_channel::<WalMsg>();
+    let (rows_tx, rows_rx) = shard_queue(cfg).thread_channel::<ShardItem>();
+    let (published_tx, published_rx) = PUBLISHED_QUEUE.channel::<SegmentRows>();
+
+    stats.shard_alive.store(true, Ordering::Relaxed);
+    stats.wal_alive.store(true, Ordering::Relaxed);
+    let shard_stats = stats.clone();
+    let shards = std::thread::Builder::new()
+        .name("rollcall-shards".into())
+        .spawn(move || {
+            let _alive = AliveGuard(&shard_stats.shard_alive);
+            shard::run(shard_set, rows_rx, published_tx, &shard_stats)
+        })
+        .map_err(|e| RecordError::Shard(e.to_string()))?;
+    let wal_stats = stats.clone();
+    let queues = WalQueues {
+        calls: calls_rx,
+        rows: rows_tx,
+        published: Some(published_rx),
+    };
+    let wal = std::thread::Builder::new()
+        .name("rollcall-wal".into())
+        .spawn(move || {
+            let _alive = AliveGuard(&wal_stats.wal_alive);
+            wal::run(writer, queues)
+        })
+        .map_err(|e| RecordError::Wal(e.to_string()))?;
+    Ok((calls_tx, Stages { wal, shards }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::wal::list_segments;
+    use crate::record::{CallBegin, CallMeta, CallOutcome, CallStatus, Recorder};
+    use std::time::Duration;
+
+    fn call(id: &str) -> (Arc<CallBegin>, CallOutcome) {
+        let meta = CallMeta {
+            call_id: id.into(),
+            rollout_id: "r".into(),
+            sequence: 0,
+            wire_api: "chat_completions".into(),
+            route: None,
+            model: None,
+            upstream_model: None,
+            stream: false,
+            received_at: 1,
+            user_agent: None,
+            upstream_api: None,
+        };
+        let outcome = CallOutcome {
+            call_id: id.into(),
+            status: CallStatus::Ok,
+            http_status: Some(200),
+            failure_class: None,
+            failure_message: None,
+            first_byte_at: None,
+            done_at: 2,
+        };
+        let begin = CallBegin {
+            meta,
+            request: bytes::Bytes::from_static(b"{}"),
+            upstream_request: None,
+        };
+        (Arc::new(begin), outcome)
+    }
+
+    /// A shard published while the WAL writer is idle reaches it on the
+    /// published queue, which wakes it to delete the segments that file
+    /// emptied; shutdown then leaves no segment at all.
+    #[tokio::test]
+    async fn a_published_shard_wakes_the_wal_writer_to_delete_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = ShardConfig {
+            dir: dir.path().to_path_buf(),
+            // Every batch starts a new segment.
+            wal_segment_bytes: 1,
+            max_age_secs: 0.05,
+            ..ShardConfig::default()
+        };
+        let wal_dir = dir.path().join("wal");
+        let (recorder, task, _) = Recorder::start(&cfg).unwrap();
+        let (begin, outcome) = call("c1");
+        recorder.begin(begin).await.unwrap().await.unwrap();
+        recorder
+            .end(outcome, bytes::Bytes::from_static(b"{}"), None)
+            .await
+            .unwrap();
+        // The start is in segment 0, the end in segment 1; the writer is now
+        // on segment 2 and waits. Once the shard is published by age, 0 and
+        // 1 go without another call arriving.
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while list_segments(&wal_dir).unwrap() != [2] {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the WAL writer deleted the published segments");
+        assert_eq!(recorder.stats.wal_segments.load(Ordering::Relaxed), 1);
+        assert_eq!(recorder.unpublished_rows(), 0);
+        task.shutdown().await;
+        assert!(list_segments(&wal_dir).unwrap().is_empty());
+        let published = recorder.stats.rows_published.load(Ordering::Relaxed);
+        assert_eq!(published, 1);
+        assert!(!recorder.stats.wal_alive.load(Ordering::Relaxed));
+        assert!(!recorder.stats.shard_alive.load(Ordering::Relaxed));
+    }
+}
