@@ -6,10 +6,10 @@
 //! A case proptest finds is kept as a regular unit test next to the code it
 //! broke.
 
+use super::capture::{self, Asked, CaptureKind};
 use super::sse::{self, Parser};
 use super::translate::{self, StreamTranslator, Unsupported};
 use super::{tokens, WireApi};
-use crate::upstream::capture::{self, Asked, CaptureKind};
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
