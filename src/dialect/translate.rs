@@ -97,12 +97,21 @@ fn chat_content(parts: Vec<Value>) -> Value {
 }
 
 /// Append a tool call to the assistant message at the end of `msgs`, or
-/// start one.
+/// start one. Reasoning before the call is that message's too.
 fn push_tool_call(msgs: &mut Vec<Value>, call: Value, reasoning: &mut Option<String>) {
     if let Some(last) = msgs.last_mut().filter(|m| m["role"] == "assistant") {
         match last.get_mut("tool_calls").and_then(Value::as_array_mut) {
             Some(calls) => calls.push(call),
             None => last["tool_calls"] = json!([call]),
+        }
+        if let Some(r) = reasoning.take() {
+            let mut all = last
+                .get("reasoning_content")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
+            all.push_str(&r);
+            last["reasoning_content"] = json!(all);
         }
         return;
     }
@@ -245,8 +254,9 @@ fn responses_tools(b: &mut Builder, tools: &[Value]) -> Result<Vec<Value>, Trans
 /// - `function_call` items are `tool_calls` of an assistant message (the one
 ///   before when it is an assistant's), `function_call_output` items are
 ///   `tool` messages with their output as text.
-/// - `reasoning` text is the `reasoning_content` of the assistant message or
-///   tool call that follows it, else an assistant turn of its own.
+/// - `reasoning` text (consecutive items joined, as in an assembled answer)
+///   is the `reasoning_content` of the assistant message or tool call that
+///   follows it, else an assistant turn of its own.
 /// - Anything else (other item types, parts, encrypted reasoning) is
 ///   unsupported: dropped and listed, or rejected, as the policy says.
 fn responses_input(
@@ -317,7 +327,7 @@ fn responses_input(
                             b.unsupported("encrypted reasoning content".into())?;
                         }
                         if !text.is_empty() {
-                            reasoning = Some(text);
+                            reasoning.get_or_insert_with(String::new).push_str(&text);
                         }
                     }
                     other => b.unsupported(format!("a {other} input item"))?,
