@@ -5,8 +5,8 @@
 //! Needs the model: `rollcall model fetch` (or ROLLCALL_MODEL_FILE).
 //! Run with `cargo bench --bench model` (`make bench` does).
 
-use rollcall::model::sample::Sampling;
 use rollcall::config::EmbeddedConfig;
+use rollcall::model::sample::Sampling;
 use rollcall::model::{Model, Step};
 use std::time::{Duration, Instant};
 

@@ -6,10 +6,10 @@
 //! A case proptest finds is kept as a regular unit test next to the code it
 //! broke.
 
+use super::capture::{self, Asked, CaptureKind};
 use super::sse::{self, Parser};
 use super::translate::{self, StreamTranslator, Unsupported};
 use super::{tokens, WireApi};
-use crate::upstream::capture::{self, Asked, CaptureKind};
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
@@ -382,6 +382,16 @@ fn mutated(base: Value) -> impl Strategy<Value = Value> {
         })
 }
 
+/// Normalize `req`; a Responses or Messages request that translates must
+/// be recorded with the messages it is translated to.
+fn same_messages_as_translated(api: WireApi, req: &Value) -> Result<(), TestCaseError> {
+    let n = api.normalize_request(req.clone());
+    if let Ok(t) = translate::to_chat(api, req, Unsupported::Drop) {
+        prop_assert_eq!(&n.messages, &t.request["messages"]);
+    }
+    Ok(())
+}
+
 /// One API's realistic stream, mutated, rendered as SSE (the `event:` line
 /// is the event's `type`, when it has one).
 fn mutated_stream() -> impl Strategy<Value = (WireApi, Vec<u8>)> {
@@ -557,7 +567,7 @@ proptest! {
                 let _ = translate::to_chat(api, &v, policy);
             }
             translate::response_from_chat(api, &v);
-            api.normalize_request(v.clone());
+            same_messages_as_translated(api, &v)?;
             tokens::read(api, &v);
             for kind in [CaptureKind::Vllm, CaptureKind::Sglang] {
                 let mut map = v.as_object().cloned().unwrap_or_default();
@@ -577,7 +587,7 @@ proptest! {
                 let _ = translate::to_chat(api, &req, policy);
             }
             translate::response_from_chat(api, &chat);
-            api.normalize_request(req.clone());
+            same_messages_as_translated(api, &req)?;
             tokens::read(api, &chat);
         }
     }

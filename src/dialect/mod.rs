@@ -2,6 +2,7 @@
 //! assembled back into one response, how requests are normalized to chat
 //! messages, and how errors are written in each API's own format.
 
+pub mod capture;
 pub mod chat;
 pub mod completions;
 pub mod messages;

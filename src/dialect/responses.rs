@@ -1,10 +1,11 @@
 //! OpenAI Responses: assemble an event stream into one `response` object,
-//! read the fields a trainer needs, and normalize `input` items to chat
-//! messages.
+//! read the fields a trainer needs, and normalize a request to chat messages
+//! (with translation's conversion of `input` items,
+//! [`translate::responses_messages`]).
 
 use super::{
-    error_message, int_at, sse::Event, Assembled, Normalized, StreamFailure, StreamFailureKind,
-    StreamOutcome, Usage,
+    error_message, int_at, sse::Event, translate, Assembled, Normalized, StreamFailure,
+    StreamFailureKind, StreamOutcome, Usage,
 };
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -210,113 +211,20 @@ pub(crate) fn usage(u: &Value) -> Usage {
     }
 }
 
-/// Text of a content value: a string, or the `text` of its parts joined.
-fn text_of(content: &Value) -> Value {
-    match content {
-        Value::Array(parts) if parts.iter().all(|p| p.get("text").is_some()) => Value::String(
-            parts
-                .iter()
-                .filter_map(|p| p.get("text").and_then(Value::as_str))
-                .collect(),
-        ),
-        other => other.clone(),
-    }
-}
-
-/// `instructions` and `input` items as chat messages; function tools in chat format.
+/// `instructions` and `input` items as chat messages, converted as
+/// translation converts them ([`translate::responses_messages`]), so that the
+/// recorded `messages` are what a Chat Completions upstream is sent; `null`
+/// when the input is not valid. Function tools in chat form; other tools
+/// (`web_search`, …) as they are.
 pub fn normalize_request(req: &Value) -> Normalized {
-    let mut msgs: Vec<Value> = Vec::new();
-    if let Some(i) = req.get("instructions").filter(|i| !i.is_null()) {
-        msgs.push(json!({"role": "system", "content": text_of(i)}));
-    }
-    let mut pending_reasoning: Option<String> = None;
-    match req.get("input") {
-        Some(Value::String(s)) => msgs.push(json!({"role": "user", "content": s})),
-        Some(Value::Array(items)) => {
-            for item in items {
-                let kind = item
-                    .get("type")
-                    .and_then(Value::as_str)
-                    .unwrap_or("message");
-                match kind {
-                    "message" => {
-                        let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
-                        let mut m = json!({"role": role, "content": text_of(item.get("content").unwrap_or(&Value::Null))});
-                        if role == "assistant" {
-                            if let Some(r) = pending_reasoning.take() {
-                                m["reasoning_content"] = json!(r);
-                            }
-                        }
-                        msgs.push(m);
-                    }
-                    "function_call" => {
-                        let call = json!({
-                            "id": item.get("call_id"),
-                            "type": "function",
-                            "function": {"name": item.get("name"), "arguments": item.get("arguments")},
-                        });
-                        let extend_last = msgs.last().is_some_and(|m| {
-                            m["role"] == "assistant" && m.get("tool_calls").is_some()
-                        });
-                        if extend_last {
-                            if let Some(Value::Array(tc)) =
-                                msgs.last_mut().and_then(|m| m.get_mut("tool_calls"))
-                            {
-                                tc.push(call);
-                            }
-                        } else if msgs.last().is_some_and(|m| m["role"] == "assistant") {
-                            if let Some(m) = msgs.last_mut() {
-                                m["tool_calls"] = json!([call]);
-                            }
-                        } else {
-                            let mut m =
-                                json!({"role": "assistant", "content": null, "tool_calls": [call]});
-                            if let Some(r) = pending_reasoning.take() {
-                                m["reasoning_content"] = json!(r);
-                            }
-                            msgs.push(m);
-                        }
-                    }
-                    "function_call_output" => msgs.push(json!({
-                        "role": "tool",
-                        "tool_call_id": item.get("call_id"),
-                        "content": text_of(item.get("output").unwrap_or(&Value::Null)),
-                    })),
-                    "reasoning" => {
-                        let mut text = String::new();
-                        for key in ["content", "summary"] {
-                            for p in item
-                                .get(key)
-                                .and_then(Value::as_array)
-                                .into_iter()
-                                .flatten()
-                            {
-                                text.push_str(p.get("text").and_then(Value::as_str).unwrap_or(""));
-                            }
-                        }
-                        pending_reasoning = Some(text);
-                    }
-                    _ => msgs.push(json!({"role": "item", "content": item})),
-                }
-            }
-        }
-        _ => {}
-    }
+    let messages = translate::responses_messages(req).map_or(Value::Null, Value::Array);
     let tools = req.get("tools").and_then(Value::as_array).map(|tools| {
         Value::Array(
             tools
                 .iter()
                 .map(|t| {
-                    if t.get("type").and_then(Value::as_str) == Some("function")
-                        && t.get("function").is_none()
-                    {
-                        let mut f = Map::new();
-                        for key in ["name", "description", "parameters", "strict"] {
-                            if let Some(v) = t.get(key) {
-                                f.insert(key.into(), v.clone());
-                            }
-                        }
-                        json!({"type": "function", "function": f})
+                    if t.get("type").and_then(Value::as_str) == Some("function") {
+                        translate::function_tool(t)
                     } else {
                         t.clone()
                     }
@@ -324,10 +232,7 @@ pub fn normalize_request(req: &Value) -> Normalized {
                 .collect(),
         )
     });
-    Normalized {
-        messages: Value::Array(msgs),
-        tools,
-    }
+    Normalized { messages, tools }
 }
 
 #[cfg(test)]
@@ -353,6 +258,82 @@ mod tests {
         let tools = n.tools.unwrap();
         assert_eq!(tools[0]["function"]["name"], "shell");
         assert_eq!(tools[1]["type"], "web_search");
+    }
+
+    /// The recorded messages are the translated request's: the cases where
+    /// the column's converter and translation's once differed (roles,
+    /// content parts, reasoning, call ids and arguments, tool output parts,
+    /// item types Chat Completions has no equivalent for).
+    #[test]
+    fn normalized_messages_are_the_translated_ones() {
+        let req = json!({
+            "model": "m",
+            "instructions": [{"type": "input_text", "text": "be brief"}],
+            "input": [
+                {"type": "message", "role": "developer", "content": "rules"},
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
+                {"type": "reasoning", "summary": []},
+                {"type": "web_search_call", "id": "ws_1", "status": "completed"},
+                {"type": "reasoning", "summary": [{"type": "summary_text", "text": "think"}]},
+                {"type": "function_call", "id": "fc_1", "name": "shell"},
+                {"type": "function_call_output", "call_id": "fc_1", "output": [{"type": "input_text", "text": "/w"}]},
+                {"type": "reasoning", "summary": [{"type": "summary_text", "text": "done?"}]},
+            ],
+        });
+        let want = json!([
+            {"role": "system", "content": "be brief"},
+            {"role": "system", "content": "rules"},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": null, "reasoning_content": "think",
+             "tool_calls": [{"id": "fc_1", "type": "function", "function": {"name": "shell", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "fc_1", "content": "/w"},
+            {"role": "assistant", "content": "", "reasoning_content": "done?"},
+        ]);
+        assert_eq!(normalize_request(&req).messages, want);
+        let t = translate::responses_to_chat(&req, translate::Unsupported::Drop).unwrap();
+        assert_eq!(t.request["messages"], want);
+        assert_eq!(t.dropped, vec!["a web_search_call input item".to_owned()]);
+    }
+
+    #[test]
+    fn normalizes_what_translation_refuses_but_no_invalid_input() {
+        // Server-side state cannot be translated; its input is still recorded.
+        let req = json!({"input": "x", "previous_response_id": "resp_1", "store": true});
+        assert!(translate::responses_to_chat(&req, translate::Unsupported::Drop).is_err());
+        assert_eq!(
+            normalize_request(&req).messages,
+            json!([{"role": "user", "content": "x"}])
+        );
+        for bad in [
+            json!({"input": 5}),
+            json!({"input": [{"type": "message", "content": 5}]}),
+        ] {
+            assert_eq!(normalize_request(&bad).messages, Value::Null);
+        }
+        let req = json!({"tools": [
+            {"type": "function", "name": "f", "description": null, "parameters": {"type": "object"}},
+            {"type": "function", "function": {"name": "g"}}]});
+        let want = json!([
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
+            {"type": "function", "function": {"name": "g"}}]);
+        assert_eq!(normalize_request(&req).tools, Some(want.clone()));
+        let t = translate::responses_to_chat(&req, translate::Unsupported::Reject).unwrap();
+        assert_eq!(t.request["tools"], want);
+    }
+
+    /// Codex's own requests (`fixtures/codex`): its `developer` messages are
+    /// `system` ones, in the record as upstream.
+    #[test]
+    fn codex_fixture_normalizes_as_it_translates() {
+        for line in include_str!("../../fixtures/codex/exchange.jsonl").lines() {
+            let call: Value = serde_json::from_str(line).unwrap();
+            let req: Value = serde_json::from_str(call["request"].as_str().unwrap()).unwrap();
+            assert_eq!(req["input"][0]["role"], "developer");
+            let t = translate::responses_to_chat(&req, translate::Unsupported::Drop).unwrap();
+            let n = normalize_request(&req);
+            assert_eq!(n.messages, t.request["messages"]);
+            assert_eq!(n.messages[0]["role"], "system");
+        }
     }
 
     #[test]

@@ -7,6 +7,10 @@
 //! `namespace` tools, Anthropic server tools, documents, …) is dropped and
 //! listed in [`ChatRequest::dropped`], or rejected, as the route's
 //! `unsupported` setting says. Nothing is changed silently.
+//!
+//! The same conversions give the recorded `messages` column of Responses and
+//! Messages calls (with `drop`), whatever the route: [`responses_messages`],
+//! [`messages_to_chat`].
 
 use super::sse::Event;
 use super::WireApi;
@@ -93,12 +97,21 @@ fn chat_content(parts: Vec<Value>) -> Value {
 }
 
 /// Append a tool call to the assistant message at the end of `msgs`, or
-/// start one.
+/// start one. Reasoning before the call is that message's too.
 fn push_tool_call(msgs: &mut Vec<Value>, call: Value, reasoning: &mut Option<String>) {
     if let Some(last) = msgs.last_mut().filter(|m| m["role"] == "assistant") {
         match last.get_mut("tool_calls").and_then(Value::as_array_mut) {
             Some(calls) => calls.push(call),
             None => last["tool_calls"] = json!([call]),
+        }
+        if let Some(r) = reasoning.take() {
+            let mut all = last
+                .get("reasoning_content")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned();
+            all.push_str(&r);
+            last["reasoning_content"] = json!(all);
         }
         return;
     }
@@ -191,19 +204,27 @@ fn tool_output(b: &mut Builder, output: &Value) -> Result<Value, TranslateError>
     }
 }
 
+/// A Responses function tool (`name`, `description`, `parameters`, `strict`
+/// beside `type`) in chat form (inside `function`). One already in chat
+/// form stays as it is.
+pub fn function_tool(t: &Value) -> Value {
+    if t.get("name").is_none() && t.get("function").is_some_and(Value::is_object) {
+        return t.clone();
+    }
+    let mut f = Map::new();
+    for key in ["name", "description", "parameters", "strict"] {
+        if let Some(v) = t.get(key).filter(|v| !v.is_null()) {
+            f.insert(key.into(), v.clone());
+        }
+    }
+    json!({"type": "function", "function": f})
+}
+
 fn responses_tools(b: &mut Builder, tools: &[Value]) -> Result<Vec<Value>, TranslateError> {
     let mut out = Vec::new();
     for t in tools {
         match t.get("type").and_then(Value::as_str) {
-            Some("function") => {
-                let mut f = Map::new();
-                for key in ["name", "description", "parameters", "strict"] {
-                    if let Some(v) = t.get(key).filter(|v| !v.is_null()) {
-                        f.insert(key.into(), v.clone());
-                    }
-                }
-                out.push(json!({"type": "function", "function": f}));
-            }
+            Some("function") => out.push(function_tool(t)),
             Some(other) => {
                 let name = t
                     .get("name")
@@ -218,26 +239,38 @@ fn responses_tools(b: &mut Builder, tools: &[Value]) -> Result<Vec<Value>, Trans
     Ok(out)
 }
 
-/// A Responses request as a Chat Completions request.
-pub fn responses_to_chat(req: &Value, policy: Unsupported) -> Result<ChatRequest, TranslateError> {
-    let obj = req
-        .as_object()
-        .ok_or_else(|| TranslateError::Invalid("the body is not a JSON object".into()))?;
-    if obj
-        .get("previous_response_id")
-        .is_some_and(|v| !v.is_null())
-    {
-        return Err(TranslateError::Unsupported(
-            "previous_response_id (it needs server-side conversation state)".into(),
-        ));
-    }
-    let mut b = Builder {
-        policy,
-        dropped: Vec::new(),
-    };
+/// Responses `instructions` and `input` items as chat messages: the one
+/// conversion of a Responses conversation, used for the translated request
+/// and for the recorded `messages` column ([`responses_messages`]), so that
+/// the record shows what a Chat Completions upstream is sent.
+///
+/// - `instructions` is a `system` message (text parts as content parts,
+///   any other value as its JSON text); `developer` and `system` input
+///   messages are `system` messages too, `assistant` stays, any other role
+///   is `user`.
+/// - Content parts become chat parts (`input_text`, `output_text`, `text`,
+///   `summary_text` and `refusal` text; `input_image` by URL); one text part
+///   is a plain string.
+/// - `function_call` items are `tool_calls` of an assistant message (the one
+///   before when it is an assistant's), `function_call_output` items are
+///   `tool` messages with their output as text.
+/// - `reasoning` text (consecutive items joined, as in an assembled answer)
+///   is the `reasoning_content` of the assistant message or tool call that
+///   follows it, else an assistant turn of its own.
+/// - Anything else (other item types, parts, encrypted reasoning) is
+///   unsupported: dropped and listed, or rejected, as the policy says.
+fn responses_input(
+    b: &mut Builder,
+    obj: &Map<String, Value>,
+) -> Result<Vec<Value>, TranslateError> {
     let mut msgs: Vec<Value> = Vec::new();
     if let Some(i) = obj.get("instructions").filter(|i| !i.is_null()) {
-        msgs.push(json!({"role": "system", "content": i.as_str().map_or_else(|| i.to_string(), str::to_owned)}));
+        let content = match i {
+            Value::String(s) => json!(s),
+            Value::Array(_) => responses_content(b, i)?,
+            other => json!(other.to_string()),
+        };
+        msgs.push(json!({"role": "system", "content": content}));
     }
     let mut reasoning: Option<String> = None;
     match obj.get("input") {
@@ -256,7 +289,7 @@ pub fn responses_to_chat(req: &Value, policy: Unsupported) -> Result<ChatRequest
                             _ => "user",
                         };
                         let content =
-                            responses_content(&mut b, item.get("content").unwrap_or(&Value::Null))?;
+                            responses_content(b, item.get("content").unwrap_or(&Value::Null))?;
                         if role != "assistant" {
                             flush_reasoning(&mut msgs, &mut reasoning);
                         }
@@ -276,8 +309,7 @@ pub fn responses_to_chat(req: &Value, policy: Unsupported) -> Result<ChatRequest
                     }
                     "function_call_output" => {
                         flush_reasoning(&mut msgs, &mut reasoning);
-                        let content =
-                            tool_output(&mut b, item.get("output").unwrap_or(&Value::Null))?;
+                        let content = tool_output(b, item.get("output").unwrap_or(&Value::Null))?;
                         msgs.push(json!({
                             "role": "tool",
                             "tool_call_id": item.get("call_id"),
@@ -295,7 +327,7 @@ pub fn responses_to_chat(req: &Value, policy: Unsupported) -> Result<ChatRequest
                             b.unsupported("encrypted reasoning content".into())?;
                         }
                         if !text.is_empty() {
-                            reasoning = Some(text);
+                            reasoning.get_or_insert_with(String::new).push_str(&text);
                         }
                     }
                     other => b.unsupported(format!("a {other} input item"))?,
@@ -310,6 +342,44 @@ pub fn responses_to_chat(req: &Value, policy: Unsupported) -> Result<ChatRequest
         }
     }
     flush_reasoning(&mut msgs, &mut reasoning);
+    Ok(msgs)
+}
+
+/// The chat messages of a Responses request, as [`responses_to_chat`] sends
+/// them with `unsupported = "drop"`: the recorded `messages` column. Unlike
+/// translation it reads the input of any request, `previous_response_id`
+/// or unknown fields included; it fails only where the input itself is not
+/// valid (`input` neither a string nor a list, a message's content neither
+/// a string nor a list of parts).
+pub fn responses_messages(req: &Value) -> Result<Vec<Value>, TranslateError> {
+    let obj = req
+        .as_object()
+        .ok_or_else(|| TranslateError::Invalid("the body is not a JSON object".into()))?;
+    let mut b = Builder {
+        policy: Unsupported::Drop,
+        dropped: Vec::new(),
+    };
+    responses_input(&mut b, obj)
+}
+
+/// A Responses request as a Chat Completions request.
+pub fn responses_to_chat(req: &Value, policy: Unsupported) -> Result<ChatRequest, TranslateError> {
+    let obj = req
+        .as_object()
+        .ok_or_else(|| TranslateError::Invalid("the body is not a JSON object".into()))?;
+    if obj
+        .get("previous_response_id")
+        .is_some_and(|v| !v.is_null())
+    {
+        return Err(TranslateError::Unsupported(
+            "previous_response_id (it needs server-side conversation state)".into(),
+        ));
+    }
+    let mut b = Builder {
+        policy,
+        dropped: Vec::new(),
+    };
+    let msgs = responses_input(&mut b, obj)?;
     let mut out = Map::new();
     copy(obj, &mut out, &["model"]);
     out.insert("messages".into(), Value::Array(msgs));

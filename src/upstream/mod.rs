@@ -2,9 +2,8 @@
 //! takes it there. Connection errors are retried; nothing else is (a model
 //! call is not idempotent once the server has seen it).
 
-pub mod capture;
-
 use crate::config::{ConfigError, RouteConfig, RouteKind};
+use crate::dialect::capture::CaptureKind;
 use crate::dialect::translate::Unsupported;
 use crate::dialect::WireApi;
 use bytes::Bytes;
@@ -46,7 +45,7 @@ pub struct Route {
     pub unsupported: Unsupported,
     /// How to ask the upstream for token ids and logprobs, for vLLM and
     /// SGLang routes.
-    pub capture: Option<capture::CaptureKind>,
+    pub capture: Option<CaptureKind>,
 }
 
 impl Route {
@@ -118,8 +117,8 @@ impl Route {
             unsupported: c.unsupported,
             capture: match c.kind {
                 // The embedded model answers in vLLM's shape.
-                RouteKind::Vllm | RouteKind::Embedded => Some(capture::CaptureKind::Vllm),
-                RouteKind::Sglang => Some(capture::CaptureKind::Sglang),
+                RouteKind::Vllm | RouteKind::Embedded => Some(CaptureKind::Vllm),
+                RouteKind::Sglang => Some(CaptureKind::Sglang),
                 _ => None,
             },
         })

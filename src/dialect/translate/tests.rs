@@ -679,3 +679,35 @@ proptest! {
         }
     }
 }
+
+/// Reasoning is never lost nor put between a tool call and its result:
+/// consecutive reasoning items are joined, and reasoning between an
+/// assistant's text and its call joins that message (as a Responses answer
+/// with these output items is assembled).
+#[test]
+fn responses_reasoning_joins_the_turn_it_belongs_to() {
+    let items = json!([
+        {"type": "message", "role": "user", "content": "go"},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "A"}]},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "B"}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "running"}]},
+        {"type": "reasoning", "summary": [{"type": "summary_text", "text": "C"}]},
+        {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+    ]);
+    let t = responses_to_chat(&json!({"input": items}), Unsupported::Reject).unwrap();
+    let call =
+        json!({"id": "c1", "type": "function", "function": {"name": "shell", "arguments": "{}"}});
+    assert_eq!(
+        t.request["messages"],
+        json!([
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": "running", "reasoning_content": "ABC", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+        ])
+    );
+    // The answer those items came from reads the same.
+    let answer = json!({"object": "response", "status": "completed", "output": &items.as_array().unwrap()[1..6]});
+    let a = WireApi::Responses.assemble(answer.to_string().as_bytes(), false);
+    assert_eq!(Some(&t.request["messages"][1]), a.message.as_ref());
+}

@@ -4,10 +4,10 @@
 
 use super::error::ProxyError;
 use super::State;
+use crate::dialect::capture::{self, Asked, CaptureKind};
 use crate::dialect::translate;
 use crate::dialect::WireApi;
 use crate::record::{CallBegin, CallMeta};
-use crate::upstream::capture::{self, Asked, CaptureKind};
 use crate::upstream::Route;
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderMap};

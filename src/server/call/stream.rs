@@ -6,13 +6,13 @@
 use super::error::StreamError;
 use super::prepare::Strip;
 use super::record::Call;
+use crate::dialect::capture::{self, ChunkFate};
 use crate::dialect::sse;
 use crate::dialect::terminal::Detector;
 use crate::dialect::translate::StreamTranslator;
 use crate::dialect::WireApi;
 use crate::http::{Abort, Chunk, ProxyBody};
 use crate::record::CallStatus;
-use crate::upstream::capture::{self, ChunkFate};
 use crate::upstream::{error_chain, Route};
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;

@@ -4,10 +4,10 @@
 use super::error::ProxyError;
 use super::prepare::Strip;
 use super::record::{error_response, Call};
+use crate::dialect::capture;
 use crate::dialect::translate;
 use crate::http::ProxyBody;
 use crate::record::CallStatus;
-use crate::upstream::capture;
 use crate::upstream::Route;
 use bytes::Bytes;
 use http::{header, HeaderValue, Response};
