@@ -34,7 +34,7 @@ fn call(i: usize) -> CompletedCall {
                 call_id: uuid::Uuid::now_v7().to_string(),
                 rollout_id: format!("rollout-{}", i % 64),
                 sequence: (i / 64) as i64,
-                wire_api: "chat_completions".into(),
+                wire_api: rollcall::dialect::WireApi::ChatCompletions,
                 route: Some("default".into()),
                 model: Some("bench".into()),
                 upstream_model: Some("bench".into()),

@@ -71,7 +71,10 @@ pub fn run(cmd: HarnessCommand) -> Result<(), Box<dyn std::error::Error>> {
                 let via = format!("{:?}", a.install.kind).to_lowercase();
                 println!(
                     "{:<16} {:<10} {:<10} {:<6} {state}",
-                    a.name, a.version, a.wire_api, via
+                    a.name,
+                    a.version,
+                    a.wire_api.as_str(),
+                    via
                 );
             }
             Ok(())

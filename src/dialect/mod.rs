@@ -17,9 +17,12 @@ mod fuzz_tests;
 
 use serde_json::{json, Value};
 
-/// The wire API a harness spoke for one call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// The wire API a harness spoke for one call; written as its `as_str`
+/// name (`chat_completions`, `responses`, `completions`, `messages`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum WireApi {
+    #[serde(alias = "chat")]
     ChatCompletions,
     Responses,
     Completions,

@@ -138,8 +138,9 @@ pub struct Adapter {
     pub description: String,
     /// The pinned version.
     pub version: String,
-    /// The wire API the harness speaks: chat, responses or messages.
-    pub wire_api: String,
+    /// The wire API the harness speaks: chat (chat_completions), responses
+    /// or messages.
+    pub wire_api: crate::dialect::WireApi,
     pub install: Install,
     pub check: Check,
     pub run: Run,

@@ -64,8 +64,7 @@ pub fn unrecorded_error(e: &RecordError) -> crate::dialect::ApiError {
 /// harness was answered with: a 503, class `internal`.
 pub(crate) fn as_unrecorded(call: &mut CompletedCall, e: &RecordError) {
     let err = unrecorded_error(e);
-    let api = crate::dialect::WireApi::parse(&call.begin.meta.wire_api)
-        .unwrap_or(crate::dialect::WireApi::ChatCompletions);
+    let api = call.begin.meta.wire_api;
     call.outcome.status = CallStatus::Failed;
     call.outcome.http_status = Some(err.status);
     call.outcome.failure_class = Some(FailureClass::Internal);
@@ -80,7 +79,7 @@ pub struct CallMeta {
     pub call_id: String,
     pub rollout_id: String,
     pub sequence: i64,
-    pub wire_api: String,
+    pub wire_api: crate::dialect::WireApi,
     pub route: Option<String>,
     pub model: Option<String>,
     pub upstream_model: Option<String>,
@@ -90,7 +89,7 @@ pub struct CallMeta {
     /// The API the upstream was spoken to in, when rollcall translated the
     /// call (`chat_completions`); `None` when it went through natively.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upstream_api: Option<String>,
+    pub upstream_api: Option<crate::dialect::WireApi>,
 }
 
 /// A call as it begins: its metadata and the request bodies.

@@ -198,7 +198,7 @@ mod tests {
             call_id: id.into(),
             rollout_id: "r".into(),
             sequence: 0,
-            wire_api: "chat_completions".into(),
+            wire_api: crate::dialect::WireApi::ChatCompletions,
             route: None,
             model: None,
             upstream_model: None,

@@ -195,7 +195,10 @@ mod tests {
             call_id: format!("call-{i}"),
             rollout_id: "r".into(),
             sequence: i as i64,
-            wire_api: ["chat_completions", "responses", "messages", "completions"][i % 4].into(),
+            wire_api: {
+                use crate::dialect::WireApi::*;
+                [ChatCompletions, Responses, Messages, Completions][i % 4]
+            },
             route: None,
             model: None,
             upstream_model: None,

@@ -114,7 +114,7 @@ fn upstream_verdict(c: &CompletedCall, a: &Assembled) -> Option<(FailureClass, S
         };
         return Some((class, format!("{what}: {}", f.message)));
     }
-    let api = WireApi::parse(&c.begin.meta.wire_api);
+    let api = Some(c.begin.meta.wire_api);
     let shaped = match (&a.response, api) {
         (Some(r), Some(api)) => api.is_answer(r),
         _ => false,
@@ -166,7 +166,7 @@ impl CallRow {
             call_id: m.call_id.clone(),
             rollout_id: m.rollout_id.clone(),
             sequence: m.sequence,
-            wire_api: m.wire_api.clone(),
+            wire_api: m.wire_api.as_str().to_owned(),
             route: m.route.clone(),
             model: m.model.clone(),
             upstream_model: m.upstream_model.clone(),
@@ -202,7 +202,7 @@ impl CallRow {
             prompt_logprobs: None,
             completion_logprobs: None,
             user_agent: m.user_agent.as_deref().map(crate::redact::redacted),
-            upstream_api: m.upstream_api.clone(),
+            upstream_api: m.upstream_api.map(|a| a.as_str().to_owned()),
             upstream_response_raw: c.upstream_response.as_ref().map(|b| b.to_vec()),
         }
     }
@@ -213,7 +213,7 @@ impl CallRow {
     pub fn build(c: &CompletedCall) -> CallRow {
         let m = &c.begin.meta;
         let o = &c.outcome;
-        let api = WireApi::parse(&m.wire_api);
+        let api = Some(m.wire_api);
         let (messages, tools) = normalized_columns(api, &c.begin.request);
         let assembled = match api {
             Some(api) if !c.response.is_empty() && o.http_status.is_some_and(|s| s < 400) => {
@@ -223,7 +223,7 @@ impl CallRow {
         };
         // Token ids and logprobs come from the upstream's own answer: a
         // translated or stripped response no longer carries them.
-        let upstream_api = m.upstream_api.as_deref().and_then(WireApi::parse).or(api);
+        let upstream_api = m.upstream_api.or(api);
         let tokens = match (&c.upstream_response, upstream_api) {
             (Some(up), Some(uapi)) if o.http_status.is_some_and(|s| s < 400) => {
                 uapi.assemble(up, m.stream).tokens
@@ -323,7 +323,7 @@ mod tests {
                     call_id: "c".into(),
                     rollout_id: "r".into(),
                     sequence: 0,
-                    wire_api: api.into(),
+                    wire_api: crate::dialect::WireApi::parse(api).expect("a wire API name"),
                     route: None,
                     model: None,
                     upstream_model: None,

@@ -301,10 +301,12 @@ impl<R: ShardRow> ShardWriter<R> {
         let tmp_dir = cfg.dir.join(".tmp");
         std::fs::create_dir_all(&dir)?;
         std::fs::create_dir_all(&tmp_dir)?;
-        let compression = match cfg.compression.as_str() {
-            "snappy" => Compression::SNAPPY,
-            "none" => Compression::UNCOMPRESSED,
-            _ => Compression::ZSTD(ZstdLevel::try_new(1).expect("valid zstd level")),
+        let compression = match cfg.compression {
+            crate::config::Compression::Snappy => Compression::SNAPPY,
+            crate::config::Compression::None => Compression::UNCOMPRESSED,
+            crate::config::Compression::Zstd => {
+                Compression::ZSTD(ZstdLevel::try_new(1).expect("valid zstd level"))
+            }
         };
         let mut props = WriterProperties::builder()
             .set_compression(compression)

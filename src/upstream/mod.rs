@@ -110,10 +110,7 @@ impl Route {
             response_timeout: Duration::from_secs_f64(c.response_timeout_secs),
             idle_timeout: Duration::from_secs_f64(c.idle_timeout_secs),
             kind: c.kind,
-            apis: match &c.apis {
-                Some(names) => names.iter().filter_map(|n| WireApi::parse(n)).collect(),
-                None => c.kind.apis().to_vec(),
-            },
+            apis: c.apis.clone().unwrap_or_else(|| c.kind.apis().to_vec()),
             unsupported: c.unsupported,
             capture: match c.kind {
                 // The embedded model answers in vLLM's shape.

@@ -45,7 +45,7 @@ fn meta(state: &State, api: WireApi, rollout: &str, user_agent: Option<String>) 
         call_id: uuid::Uuid::now_v7().to_string(),
         sequence: state.sequencer.take(rollout),
         rollout_id: rollout.to_owned(),
-        wire_api: api.as_str().into(),
+        wire_api: api,
         route: None,
         model: None,
         upstream_model: None,

@@ -156,7 +156,7 @@ pub async fn prepare(
                 if let Some(u) = &upstream_model {
                     t.request["model"] = serde_json::json!(u);
                 }
-                meta.upstream_api = Some(target.as_str().into());
+                meta.upstream_api = Some(target);
                 upstream_request = Some(Bytes::from(
                     serde_json::to_vec(&t.request).unwrap_or_default(),
                 ));
