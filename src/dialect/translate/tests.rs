@@ -1,3 +1,4 @@
+use super::response::{messages_usage, responses_usage};
 use super::*;
 use crate::dialect::sse;
 use proptest::prelude::*;

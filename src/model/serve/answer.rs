@@ -1,0 +1,96 @@
+//! A generation as it is taken in, step by step: the token ids, their
+//! logprobs, the decoded text (cut at a stop string), and why it ended. Both
+//! the whole and the streamed chat answer are built from it.
+
+use super::params::Params;
+use crate::model::{Finish, Model, Step};
+use serde_json::{json, Value};
+
+/// A generation in progress: the tokens so far, their text, and why it
+/// ended.
+pub(super) struct Answer {
+    pub(super) ids: Vec<u32>,
+    pub(super) logprobs: Vec<Value>,
+    pub(super) text: String,
+    cached: usize,
+    pub(super) finish: Option<&'static str>,
+    /// The stop string that ended it.
+    pub(super) stop_reason: Option<String>,
+}
+
+impl Answer {
+    pub(super) fn new() -> Self {
+        Self {
+            ids: Vec::new(),
+            logprobs: Vec::new(),
+            text: String::new(),
+            cached: 0,
+            finish: None,
+            stop_reason: None,
+        }
+    }
+
+    /// Take in one step; returns `Err` when the model failed.
+    pub(super) fn step(&mut self, model: &Model, p: &Params, step: Step) -> Result<(), String> {
+        match step {
+            Step::Started { cached } => self.cached = cached,
+            Step::Token { id, logprob, top } => {
+                self.ids.push(id);
+                if p.logprobs {
+                    let entry = |id: u32, lp: f32| {
+                        let bytes = model
+                            .vocab
+                            .bytes
+                            .get(id as usize)
+                            .cloned()
+                            .unwrap_or_default();
+                        json!({"token": String::from_utf8_lossy(&bytes), "logprob": lp, "bytes": bytes})
+                    };
+                    let mut e = entry(id, logprob);
+                    e["top_logprobs"] = top.iter().map(|&(i, lp)| entry(i, lp)).collect();
+                    self.logprobs.push(e);
+                }
+                // Decode the whole answer again: a token may complete a
+                // character an earlier one began. Wait while it is partial.
+                let text = model
+                    .vocab
+                    .decode(&self.ids, true)
+                    .map_err(|e| e.to_string())?;
+                if !text.ends_with('\u{FFFD}') {
+                    self.text = text;
+                }
+                if let Some((at, s)) = p
+                    .stop
+                    .iter()
+                    .filter_map(|s| self.text.find(s.as_str()).map(|at| (at, s)))
+                    .min()
+                {
+                    self.text.truncate(at);
+                    self.finish = Some("stop");
+                    self.stop_reason = Some(s.clone());
+                }
+            }
+            Step::Done(f) => {
+                self.text = model
+                    .vocab
+                    .decode(&self.ids, true)
+                    .map_err(|e| e.to_string())?;
+                self.finish = Some(match f {
+                    Finish::Stop => "stop",
+                    Finish::Length => "length",
+                });
+            }
+            Step::Failed(e) => return Err(e),
+        }
+        Ok(())
+    }
+
+    pub(super) fn usage(&self, prompt: &[u32]) -> Value {
+        json!({
+            "prompt_tokens": prompt.len(),
+            "total_tokens": prompt.len() + self.ids.len(),
+            "completion_tokens": self.ids.len(),
+            "prompt_tokens_details": {"cached_tokens": self.cached},
+        })
+    }
+}

@@ -1,0 +1,114 @@
+//! The generation parameters of a chat request (`n`, `temperature`,
+//! `top_p`, `top_k`, `seed`, `max_tokens` / `max_completion_tokens` against
+//! the context left, `stop`, `logprobs`, `top_logprobs`, `stream`,
+//! `return_token_ids`), checked: a bad one is a 400 as vLLM answers it.
+
+use super::{reject, Reject};
+use crate::model::sample::Sampling;
+use crate::model::Model;
+use serde_json::{Map, Value};
+
+/// Most `top_logprobs` served (OpenAI's limit).
+const MAX_TOP_LOGPROBS: usize = 20;
+
+/// The generation parameters of a chat request, checked.
+pub(super) struct Params {
+    pub(super) stream: bool,
+    pub(super) include_usage: bool,
+    pub(super) max_tokens: usize,
+    pub(super) sampling: Sampling,
+    pub(super) stop: Vec<String>,
+    pub(super) logprobs: bool,
+    pub(super) top_logprobs: usize,
+    pub(super) token_ids: bool,
+}
+
+fn number(body: &Map<String, Value>, key: &str) -> Result<Option<f64>, Reject> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_f64() {
+            Some(x) => Ok(Some(x)),
+            None => reject(400, format!("`{key}` must be a number")),
+        },
+    }
+}
+
+pub(super) fn params(
+    model: &Model,
+    body: &Map<String, Value>,
+    prompt_len: usize,
+) -> Result<Params, Reject> {
+    let flag = |k: &str| body.get(k).and_then(Value::as_bool).unwrap_or(false);
+    if number(body, "n")?.is_some_and(|n| n != 1.0) {
+        return reject(400, "the embedded model serves n = 1 only");
+    }
+    let temperature = number(body, "temperature")?.unwrap_or(model.options.default_temperature);
+    let top_p = number(body, "top_p")?.unwrap_or(1.0);
+    if !((0.0..=2.0).contains(&temperature) && top_p > 0.0 && top_p <= 1.0) {
+        return reject(400, "`temperature` must be in [0, 2] and `top_p` in (0, 1]");
+    }
+    let top_k = number(body, "top_k")?.filter(|k| *k > 0.0).unwrap_or(0.0) as usize;
+    let seed = number(body, "seed")?.map(|s| s as i64 as u64);
+    let room = model.context.saturating_sub(prompt_len);
+    if room == 0 {
+        return reject(
+            400,
+            format!(
+                "This model's maximum context length is {} tokens. However, your request has {prompt_len} input tokens. Please reduce the length of the input messages.",
+                model.context
+            ),
+        );
+    }
+    let asked = number(body, "max_completion_tokens")?.or(number(body, "max_tokens")?);
+    let max_tokens = match asked {
+        Some(m) if m < 1.0 => return reject(400, "`max_tokens` must be at least 1"),
+        Some(m) if m as usize > room => {
+            return reject(
+                400,
+                format!(
+                    "This model's maximum context length is {} tokens. However, you requested {} tokens ({prompt_len} in the messages, {} in the completion). Please reduce the length of the messages or completion.",
+                    model.context,
+                    prompt_len + m as usize,
+                    m as usize
+                ),
+            )
+        }
+        Some(m) => m as usize,
+        None => model.options.default_max_tokens.min(room),
+    };
+    let stop = match body.get("stop") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect(),
+        Some(_) => return reject(400, "`stop` must be a string or a list of strings"),
+    };
+    let top_logprobs = number(body, "top_logprobs")?.unwrap_or(0.0) as usize;
+    if top_logprobs > MAX_TOP_LOGPROBS {
+        return reject(
+            400,
+            format!("`top_logprobs` must be at most {MAX_TOP_LOGPROBS}"),
+        );
+    }
+    Ok(Params {
+        stream: flag("stream"),
+        include_usage: body
+            .get("stream_options")
+            .and_then(|o| o.get("include_usage"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        max_tokens,
+        sampling: Sampling {
+            temperature,
+            top_p,
+            top_k,
+            seed,
+        },
+        stop: stop.into_iter().filter(|s| !s.is_empty()).collect(),
+        logprobs: flag("logprobs"),
+        top_logprobs,
+        token_ids: flag("return_token_ids"),
+    })
+}
