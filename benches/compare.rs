@@ -581,7 +581,7 @@ impl Wrk<'_> {
 // Report.
 
 fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v.sort_by(f64::total_cmp);
     match v.len() {
         0 => f64::NAN,
         n if n % 2 == 1 => v[n / 2],
@@ -839,9 +839,13 @@ fn bench() {
                 if !runs.contains_key(&(c, t.name)) {
                     return not_run();
                 }
-                let proxy = med(c, t.name, &|r| r.cpu_proxy.unwrap_or(f64::NAN))
-                    .filter(|v| v.is_finite())
-                    .map_or("—".into(), |v| format!("{v:.0}"));
+                let proxy = match t.pid {
+                    None => "—".into(),
+                    Some(_) => format!(
+                        "{:.0}",
+                        med(c, t.name, &|r| r.cpu_proxy.unwrap_or_default()).unwrap()
+                    ),
+                };
                 format!(
                     "{proxy} / {:.0} / {:.0}",
                     med(c, t.name, &|r| r.cpu_upstream).unwrap(),
