@@ -11,7 +11,7 @@ BIN := target/release/rollcall
 ROLLCALL_CACHE_DIR := $(or $(ROLLCALL_CACHE),$(if $(XDG_CACHE_HOME),$(XDG_CACHE_HOME)/rollcall),$(HOME)/.cache/rollcall)
 HARNESS_DIR ?= $(ROLLCALL_CACHE_DIR)/harnesses
 
-.PHONY: all build test lint demo bench clean harnesses fixtures model
+.PHONY: all build test lint demo bench bench-tools clean harnesses fixtures model
 
 all: build
 
@@ -107,10 +107,27 @@ demo: build $(VENV)/.installed
 	$(BIN) harness install mini-swe-agent --prefix $(HARNESS_DIR)
 	$(VENV)/bin/python harness-adapters/mini-swe-agent/demo.py --bin $(BIN) --harness-dir $(HARNESS_DIR)
 
-# Criterion benches, then direct vs rollcall vs LiteLLM side by side, then
-# the dataset export over 1,000,000 generated call rows (rows/s, peak RSS),
+# wrk and nginx from Debian, for benches/compare.rs (nginx lives in
+# /usr/sbin, off most users' PATH). Debian's nginx package starts a system
+# nginx on port 80 where services may start (not in containers whose
+# policy-rc.d exits 101, as here): the install stops and disables it again,
+# so nothing is left running; the bench runs an nginx of its own on a
+# loopback port either way.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+bench-tools:
+	@if ! { command -v nginx || test -x /usr/sbin/nginx; } >/dev/null || ! command -v wrk >/dev/null; then \
+		$(SUDO) apt-get install -y nginx wrk || \
+			{ $(SUDO) apt-get update && $(SUDO) apt-get install -y nginx wrk; } || exit 1; \
+		if command -v systemctl >/dev/null && systemctl is-active --quiet nginx 2>/dev/null; then \
+			$(SUDO) systemctl disable --now nginx; \
+		fi; \
+	fi
+
+# Criterion benches, then the hot path side by side under wrk (direct,
+# nginx, a bare hyper forwarder, rollcall recording, LiteLLM), then the
+# dataset export over 1,000,000 generated call rows (rows/s, peak RSS),
 # then the embedded model's prefill and decode tokens/s.
-bench: $(LITELLM_VENV)/.installed model
+bench: bench-tools $(LITELLM_VENV)/.installed model
 	cargo bench --bench record
 	cargo bench --bench compare
 	cargo bench --bench export
