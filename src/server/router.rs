@@ -48,8 +48,8 @@ impl tower::Service<Request<Incoming>> for Router {
     }
 }
 
-async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<ProxyBody> {
-    let Some(d) = req.extensions().get::<Dispatch>().cloned() else {
+async fn route(state: Arc<State>, mut req: Request<Incoming>) -> Response<ProxyBody> {
+    let Some(d) = req.extensions_mut().remove::<Dispatch>() else {
         let err = ApiError::new(
             500,
             "server_error",
@@ -63,7 +63,7 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<ProxyBody>
         Kind::Malformed(err) => call::reject(&state, d.api, None, &err).await,
         Kind::Refused(api, err) => call::reject(&state, api, None, &err).await,
         Kind::Call => {
-            let rollout = req.extensions().get::<Rollout>().map(|r| r.0.clone());
+            let rollout = req.extensions_mut().remove::<Rollout>().map(|r| r.0);
             let rollout = rollout.unwrap_or_else(|| state.rollouts.default_rollout.clone());
             call::proxy(state, d.api, &rollout, req).await
         }

@@ -77,9 +77,13 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let d = req.extensions().get::<Dispatch>().cloned();
-        let refused = d.filter(|d| !admits(self.state.client_keys.as_ref(), d, req.headers()));
-        let Some(d) = refused else {
+        // Only a refused request's dispatch is copied, for its record.
+        let refused = req
+            .extensions()
+            .get::<Dispatch>()
+            .filter(|d| !admits(self.state.client_keys.as_ref(), d, req.headers()))
+            .map(|d| (d.api, d.rollout.clone()));
+        let Some((api, rollout)) = refused else {
             return Box::pin(take(&mut self.inner).call(req));
         };
         let state = self.state.clone();
@@ -90,7 +94,7 @@ where
                 "invalid_api_key",
                 "missing or unknown client key: send one of the configured keys as `Authorization: Bearer <key>` or `x-api-key`",
             );
-            Ok(call::reject(&state, d.api, d.rollout.as_deref(), &err).await)
+            Ok(call::reject(&state, api, rollout.as_deref(), &err).await)
         })
     }
 }

@@ -104,16 +104,18 @@ where
         let mut inner = take(&mut self.inner);
         let layer = self.layer.clone();
         Box::pin(async move {
-            let Some(d) = req
+            let is_call = req
                 .extensions()
                 .get::<Dispatch>()
-                .filter(|d| matches!(d.kind, Kind::Call))
-                .cloned()
-            else {
+                .is_some_and(|d| matches!(d.kind, Kind::Call));
+            if !is_call {
                 let resp = inner.call(req).await?;
                 return Ok(resp.map(|b| Held::new(b, None)));
-            };
+            }
             let Some(slot) = layer.slots.take().await else {
+                let d = req.extensions().get::<Dispatch>();
+                let api = d.map_or(crate::dialect::WireApi::ChatCompletions, |d| d.api);
+                let rollout = d.and_then(|d| d.rollout.as_deref());
                 let err = ApiError::new(
                     503,
                     "server_error",
@@ -123,7 +125,7 @@ where
                         layer.state.server.max_concurrent_calls
                     ),
                 );
-                let resp = call::reject(&layer.state, d.api, d.rollout.as_deref(), &err).await;
+                let resp = call::reject(&layer.state, api, rollout, &err).await;
                 return Ok(resp.map(|b| Held::new(RB::from(b), None)));
             };
             let resp = inner.call(req).await?;

@@ -91,10 +91,10 @@ where
             .extensions()
             .get::<Dispatch>()
             .filter(|d| matches!(d.kind, Kind::Call))
-            .cloned()
         else {
             return Box::pin(take(&mut self.inner).call(req));
         };
+        let api = d.api;
         match resolve(&self.state.rollouts, d.rollout.as_deref(), req.headers()) {
             Ok(r) => {
                 req.extensions_mut().insert(Rollout(r));
@@ -102,7 +102,7 @@ where
             }
             Err(err) => {
                 let state = self.state.clone();
-                Box::pin(async move { Ok(call::reject(&state, d.api, None, &err).await) })
+                Box::pin(async move { Ok(call::reject(&state, api, None, &err).await) })
             }
         }
     }
