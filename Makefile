@@ -133,6 +133,15 @@ bench: bench-tools $(LITELLM_VENV)/.installed model
 	cargo bench --bench export
 	cargo bench --bench model
 
+# The shipped SWE-bench-format task family for `rollcall batch`: real bugs in
+# inflection 0.5.1 (from PyPI), one Docker image per task, built locally
+# (mmdebstrap + docker import, no registry); fixtures/tasks/inflection/README.md.
+# Idempotent: seconds when the images are up to date. Check the tasks with
+# fixtures/tasks/inflection/verify.
+.PHONY: task-image
+task-image:
+	fixtures/tasks/inflection/build-image
+
 # Soak: SOAK_MINUTES of mixed load (all four APIs, streams, hang-ups, upstream
 # faults, slow readers) through the release binary, SIGKILL and restart it
 # SOAK_KILLS times, then audit every row, RSS, fds and the WAL (benches/soak.py).
