@@ -11,6 +11,7 @@ pub mod cli;
 pub mod config;
 pub mod dialect;
 pub mod export;
+pub mod grade;
 pub mod harness;
 pub mod http;
 pub mod model;

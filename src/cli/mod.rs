@@ -3,6 +3,7 @@
 //! [`app`](crate::app), the composition root.
 
 mod export;
+mod grade;
 mod harness;
 mod model;
 mod run;
@@ -55,6 +56,9 @@ enum Command {
     /// Summarize shards: rollouts, calls, tokens, failures, rewards,
     /// mismatches; or show one rollout as a readable transcript.
     Inspect(export::Inspect),
+    /// Grade a test log for a SWE-bench task instance as swebench 4.1.0
+    /// does (JSON on stdout), or print the scripts a grading container runs.
+    Grade(grade::Grade),
 }
 
 fn init_logs(format: &str) {
@@ -91,6 +95,7 @@ pub fn main() -> ExitCode {
         Command::Export { command } => return done(export::export(command)),
         Command::Import { command } => return done(export::import(command)),
         Command::Inspect(i) => return done(i.run()),
+        Command::Grade(g) => return done(g.run()),
         other => other,
     };
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -111,7 +116,8 @@ pub fn main() -> ExitCode {
             Command::Harness { .. }
             | Command::Export { .. }
             | Command::Import { .. }
-            | Command::Inspect(_) => unreachable!("handled before the runtime starts"),
+            | Command::Inspect(_)
+            | Command::Grade(_) => unreachable!("handled before the runtime starts"),
         }
     }))
 }
