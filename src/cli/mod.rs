@@ -2,6 +2,7 @@
 //! own flags; `serve` hands its [`Config`](crate::config::Config) to
 //! [`app`](crate::app), the composition root.
 
+mod batch;
 mod export;
 mod grade;
 mod harness;
@@ -43,6 +44,9 @@ enum Command {
     /// Run one rollout of an unmodified agent harness through the proxy, then
     /// finish the rollout with its exit status and duration.
     Run(run::Run),
+    /// Run a task set (SWE-bench instances) through a harness, each rollout
+    /// in a fresh container, graded like SWE-bench, grouped.
+    Batch(Box<batch::Batch>),
     /// Turn shards into training datasets (see docs/datasets.md).
     Export {
         #[command(subcommand)]
@@ -112,6 +116,7 @@ pub fn main() -> ExitCode {
         match cmd {
             Command::Serve(s) => s.run().await,
             Command::Run(r) => r.run().await,
+            Command::Batch(b) => b.run().await,
             Command::Model { command } => model::run(command).await,
             Command::Harness { .. }
             | Command::Export { .. }

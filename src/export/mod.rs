@@ -116,7 +116,19 @@ pub struct Filters {
     /// Keep segments whose first call arrived before this time (RFC 3339).
     #[arg(long, value_parser = time::parse_rfc3339)]
     pub until: Option<i64>,
+    /// Keep rollouts finished with status `infra_error` (an infrastructure
+    /// fault of `rollcall batch`, not the agent's doing: dropped by default).
+    #[arg(long)]
+    pub include_infra_errors: bool,
+    /// Keep samples that Balanced Adaptive Rollout left out of their group
+    /// (finish metadata `bar.kept` false: dropped by default).
+    #[arg(long)]
+    pub include_dropped: bool,
 }
+
+/// The status `rollcall batch` finishes a rollout with after an
+/// infrastructure fault.
+pub const INFRA_ERROR: &str = "infra_error";
 
 /// What the filters look at.
 #[derive(Debug, Clone, Default)]
@@ -127,6 +139,8 @@ pub struct SampleMeta {
     pub model: Option<String>,
     pub route: Option<String>,
     pub first_at: i64,
+    /// Balanced Adaptive Rollout's verdict (`bar.kept`), when it gave one.
+    pub bar_kept: Option<bool>,
 }
 
 impl SampleMeta {
@@ -142,12 +156,19 @@ impl SampleMeta {
             model: last.and_then(|c| c.model.clone()),
             route: last.and_then(|c| c.route.clone()),
             first_at: first.map_or(0, |c| c.received_at),
+            bar_kept: info.and_then(|i| i.bar_kept()),
         }
     }
 }
 
 impl Filters {
     pub fn keep(&self, m: &SampleMeta) -> bool {
+        if !self.include_infra_errors && m.status.as_deref() == Some(INFRA_ERROR) {
+            return false;
+        }
+        if !self.include_dropped && m.bar_kept == Some(false) {
+            return false;
+        }
         if self
             .min_reward
             .is_some_and(|min| m.reward.is_none_or(|r| r < min))
@@ -391,8 +412,36 @@ mod tests {
             model: Some("m".into()),
             route: Some("vllm".into()),
             first_at: 1_000,
+            bar_kept: None,
         };
         assert!(Filters::default().keep(&m));
+        // Infrastructure faults and samples BAR left out are dropped
+        // unless asked for.
+        let infra = SampleMeta {
+            status: Some(INFRA_ERROR.into()),
+            ..m.clone()
+        };
+        assert!(!Filters::default().keep(&infra));
+        let f = Filters {
+            include_infra_errors: true,
+            ..Default::default()
+        };
+        assert!(f.keep(&infra));
+        let left_out = SampleMeta {
+            bar_kept: Some(false),
+            ..m.clone()
+        };
+        assert!(!Filters::default().keep(&left_out));
+        let f = Filters {
+            include_dropped: true,
+            ..Default::default()
+        };
+        assert!(f.keep(&left_out));
+        let kept = SampleMeta {
+            bar_kept: Some(true),
+            ..m.clone()
+        };
+        assert!(Filters::default().keep(&kept));
         let f = Filters {
             min_reward: Some(0.6),
             ..Default::default()

@@ -144,6 +144,46 @@ pub struct Adapter {
     pub install: Install,
     pub check: Check,
     pub run: Run,
+    /// How `rollcall batch` runs it against a task container; `None` for a
+    /// harness that has no recipe for that yet.
+    pub container: Option<Container>,
+}
+
+/// Where a harness runs when its rollout has a container of its own.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    /// Inside the container, from the harness install mounted read-only
+    /// (`/rollcall/harnesses`), reaching the proxy through the bridge on
+    /// loopback.
+    Inside,
+    /// On the host, running its commands in the container itself (as
+    /// mini-swe-agent does in its SWE-bench runner).
+    Host,
+}
+
+/// The container recipe of an adapter: the [`Run`] recipe still applies,
+/// with these additions.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Container {
+    pub placement: Placement,
+    /// The task the harness gets, a template over `{{problem_statement}}`,
+    /// `{{instance_id}}`, `{{repo}}` and `{{container_workdir}}`.
+    pub prompt: String,
+    /// Inside: the executable, relative to the harness's install directory,
+    /// when it is not the install's `bin` (e.g. a static binary that needs
+    /// no Node runtime).
+    pub bin: Option<String>,
+    /// Arguments appended to the run recipe's command line.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Environment added to the run recipe's.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Files added to the run recipe's, relative to the private home.
+    #[serde(default)]
+    pub files: Vec<File>,
 }
 
 /// The adapters compiled into this binary.
@@ -291,7 +331,19 @@ mod tests {
     fn every_adapter_parses_and_renders() {
         let mut v = vars();
         for k in [
-            "bin", "base_url", "proxy", "rollout", "api_key", "task", "workdir",
+            "bin",
+            "base_url",
+            "proxy",
+            "rollout",
+            "api_key",
+            "task",
+            "workdir",
+            "container",
+            "container_workdir",
+            "image",
+            "problem_statement",
+            "instance_id",
+            "repo",
         ] {
             v.0.insert(k, format!("<{k}>"));
         }
@@ -301,7 +353,22 @@ mod tests {
             for t in a.run.argv.iter().chain(a.run.env.values()) {
                 v.render(t).unwrap();
             }
-            for f in &a.run.files {
+            let container = a.container.iter();
+            for t in container
+                .clone()
+                .flat_map(|c| c.args.iter().chain(c.env.values()))
+            {
+                v.render(t).unwrap();
+            }
+            for c in container.clone() {
+                v.render(&c.prompt).unwrap();
+            }
+            for f in a
+                .run
+                .files
+                .iter()
+                .chain(container.flat_map(|c| c.files.iter()))
+            {
                 let text = v.render(&f.content).unwrap();
                 if f.path.ends_with(".json") {
                     serde_json::from_str::<serde_json::Value>(&text)

@@ -145,7 +145,7 @@ fn absolute(p: &Path) -> Result<PathBuf, HarnessError> {
 }
 
 /// Kill the harness's whole process group: SIGTERM, then SIGKILL after a grace.
-async fn stop_group(child: &mut tokio::process::Child) {
+pub async fn stop_group(child: &mut tokio::process::Child) {
     let Some(pid) = child.id() else { return };
     let pgid = pid as libc::pid_t;
     // SAFETY: kill(2) with a negative pid signals the process group we

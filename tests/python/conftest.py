@@ -16,7 +16,8 @@ import rollcall_harness as h  # noqa: E402
 
 
 def pytest_configure(config):
-    for path in (h.rollcall_bin(), h.scripted_upstream_bin()):
+    bridge = str(Path(h.rollcall_bin()).with_name("rollcall-bridge"))
+    for path in (h.rollcall_bin(), h.scripted_upstream_bin(), bridge):
         if not os.path.exists(path):
             raise pytest.UsageError(
                 f"{Path(path).name} binary not found at {path}: run `cargo build` or set ROLLCALL_BIN"

@@ -71,6 +71,13 @@ pub struct RolloutInfo {
 }
 
 impl RolloutInfo {
+    /// Balanced Adaptive Rollout's verdict on the rollout (finish metadata
+    /// `bar.kept`), when `rollcall batch --adaptive` gave one.
+    pub fn bar_kept(&self) -> Option<bool> {
+        let m: serde_json::Value = serde_json::from_str(self.metadata.as_deref()?).ok()?;
+        m.get("bar")?.get("kept")?.as_bool()
+    }
+
     /// A string field of the finish metadata (numbers and booleans as text).
     pub fn meta_str(&self, key: &str) -> Option<String> {
         let m: serde_json::Value = serde_json::from_str(self.metadata.as_deref()?).ok()?;

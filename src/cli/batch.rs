@@ -1,0 +1,301 @@
+//! `rollcall batch`: a task set through a harness, every rollout in its own
+//! container, graded like SWE-bench, grouped (see `docs/rollouts.md`).
+
+use crate::config::{Config, RouteConfig, RouteKind};
+use crate::rollout::backend::docker::Docker;
+use crate::rollout::backend::{Backend, Limits};
+use crate::rollout::bar::Bar;
+use crate::rollout::batch::Sampling;
+use crate::rollout::sample::Context;
+use crate::rollout::{bridge, lock, place, RolloutError};
+use clap::Args;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Run a task set (SWE-bench instances, JSONL or Parquet) through a
+/// harness, each rollout in a fresh container, graded like SWE-bench.
+#[derive(Args)]
+pub struct Batch {
+    /// The task set: SWE-bench instances as JSONL or Parquet.
+    #[arg(long)]
+    pub tasks: PathBuf,
+    /// Harness name (see `rollcall harness list`); its adapter needs a
+    /// `[container]` recipe.
+    #[arg(long)]
+    pub harness: String,
+    /// Model name the harness asks for.
+    #[arg(long, default_value = "default")]
+    pub model: String,
+    /// Samples per task (without --adaptive).
+    #[arg(long, default_value_t = 4)]
+    pub samples: usize,
+    /// Rollout containers at once.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: usize,
+    /// Shard directory: where this batch's proxy records, or the one a
+    /// running proxy (--proxy) records into; read to resume.
+    #[arg(long)]
+    pub shards: PathBuf,
+    /// The model server the batch's own proxy forwards to (an
+    /// OpenAI-compatible base URL); the embedded model when neither this
+    /// nor --proxy is given.
+    #[arg(long, conflicts_with = "proxy")]
+    pub upstream: Option<String>,
+    /// Use a running `rollcall serve` at this URL instead of starting one.
+    #[arg(long)]
+    pub proxy: Option<String>,
+    /// This batch's name, the prefix of its rollout ids; running the same
+    /// name again resumes it. Default: the task file's stem and the harness.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Where logs, patches and summary.json go (default: batch-out/NAME).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Only these instance ids (repeatable).
+    #[arg(long = "instance")]
+    pub instances: Vec<String>,
+    /// Balanced Adaptive Rollout: sample in strides until a group of
+    /// --bar-n with a balanced count of positives can be kept.
+    #[arg(long)]
+    pub adaptive: bool,
+    #[arg(long, default_value_t = 4)]
+    pub bar_n: usize,
+    #[arg(long, default_value_t = 8)]
+    pub bar_n_max: usize,
+    #[arg(long, default_value_t = 8)]
+    pub bar_stride: usize,
+    #[arg(long, default_value_t = 0.25)]
+    pub bar_r_min: f64,
+    #[arg(long, default_value_t = 0.75)]
+    pub bar_r_max: f64,
+    /// Attempts after an infrastructure fault.
+    #[arg(long, default_value_t = 2)]
+    pub retries: usize,
+    /// The harness's wall-clock deadline, in seconds (grading not counted).
+    #[arg(long, default_value_t = 1800)]
+    pub timeout: u64,
+    /// The grading run's deadline, in seconds.
+    #[arg(long, default_value_t = 1800)]
+    pub grade_timeout: u64,
+    /// Do not grade a rollout whose harness timed out (default: graded on
+    /// the patch it left).
+    #[arg(long)]
+    pub no_grade_timeouts: bool,
+    /// CPUs per container.
+    #[arg(long, default_value_t = 1.0)]
+    pub cpus: f64,
+    /// Memory per container, in MiB.
+    #[arg(long, default_value_t = 2048)]
+    pub memory_mib: i64,
+    /// Processes per container.
+    #[arg(long, default_value_t = 512)]
+    pub pids: i64,
+    /// Where harnesses are installed.
+    #[arg(long, env = "ROLLCALL_HARNESS_DIR")]
+    pub prefix: Option<PathBuf>,
+    /// An argument appended to the harness's command line (repeat for
+    /// more), e.g. `--harness-arg=-c --harness-arg=agent.step_limit=5`.
+    #[arg(long = "harness-arg", allow_hyphen_values = true)]
+    pub harness_args: Vec<String>,
+    /// Key the harness presents to the proxy (never recorded).
+    #[arg(
+        long,
+        env = "ROLLCALL_CLIENT_KEY",
+        default_value = "rollcall",
+        hide_env_values = true
+    )]
+    pub api_key: String,
+}
+
+fn name_of(b: &Batch) -> String {
+    let stem = b
+        .tasks
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "tasks".into());
+    let raw = format!("{stem}-{}", b.harness);
+    raw.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_+=@:".contains(c) {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
+impl Batch {
+    pub async fn run(self) -> Result<i32, Box<dyn std::error::Error>> {
+        let name = self.name.clone().unwrap_or_else(|| name_of(&self));
+        crate::record::check_rollout_id(&name)?;
+        let adapter = crate::harness::Adapter::get(&self.harness)?;
+        place::recipe(&adapter)?;
+        let mut tasks = crate::grade::load_tasks(&self.tasks)?;
+        if !self.instances.is_empty() {
+            tasks.retain(|t| self.instances.contains(&t.instance_id));
+        }
+        if tasks.is_empty() {
+            return Err(format!("{}: no tasks to run", self.tasks.display()).into());
+        }
+        let root = std::path::absolute(
+            self.prefix
+                .clone()
+                .unwrap_or_else(crate::harness::default_root),
+        )?;
+        let out = std::path::absolute(
+            self.out
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("batch-out").join(&name)),
+        )?;
+        std::fs::create_dir_all(&out)?;
+        let shards = std::path::absolute(&self.shards)?;
+
+        // One batch per name at a time; this invocation's own lock marks
+        // its containers as alive.
+        let Some(_run_lock) = lock::try_lock(&lock::dir().join(format!("run-{name}.lock")))? else {
+            return Err(RolloutError::Busy(name).into());
+        };
+        let batch_id = format!("{name}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let Some(_alive) = lock::try_lock(&lock::batch_file(&batch_id))? else {
+            return Err(RolloutError::Busy(batch_id).into());
+        };
+        let backend = Docker::connect(&batch_id).await?;
+        for (dead, n) in backend.batches().await? {
+            if dead != batch_id && !lock::alive(&dead)? {
+                let removed = backend.remove_batch(&dead).await?;
+                eprintln!("==> rollcall batch: removed {removed} of {n} containers left by dead batch {dead}");
+                let _ = std::fs::remove_file(lock::batch_file(&dead));
+            }
+        }
+        let mut images: Vec<String> = tasks.iter().map(|t| t.image()).collect();
+        images.sort();
+        images.dedup();
+        for image in &images {
+            if !backend.has_image(image).await? {
+                eprintln!("==> rollcall batch: warning: image {image} is missing; its tasks will be infrastructure errors");
+            }
+        }
+
+        // The proxy: a running one, or our own on loopback.
+        let (proxy, server) = match &self.proxy {
+            Some(url) => (url.trim_end_matches('/').to_owned(), None),
+            None => {
+                let mut cfg = Config::default();
+                cfg.server.listen = "127.0.0.1:0".parse()?;
+                cfg.shards.dir = shards.clone();
+                match &self.upstream {
+                    Some(u) => cfg.set_upstream(u),
+                    None => {
+                        let mut route = RouteConfig::new("embedded", "");
+                        route.kind = RouteKind::Embedded;
+                        cfg.routes.push(route);
+                    }
+                }
+                let server = crate::app::build(cfg).await?;
+                let url = format!("http://{}", server.addr);
+                let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+                let task = tokio::spawn(server.run(async move {
+                    let _ = stop_rx.await;
+                }));
+                (url, Some((stop_tx, task)))
+            }
+        };
+        let proxy_addr = proxy
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_owned();
+        let sock_dir = std::env::temp_dir().join(format!("rollcall-{batch_id}"));
+        let host_bridge = bridge::HostBridge::start(&sock_dir, proxy_addr)?;
+        let bridge_bin = std::env::current_exe()?.with_file_name("rollcall-bridge");
+        let placement = adapter.container.as_ref().map(|c| c.placement);
+        if placement == Some(crate::harness::Placement::Inside) && !bridge_bin.exists() {
+            return Err(format!(
+                "{} is missing: build it with `cargo build` (it is the in-container end of the proxy bridge)",
+                bridge_bin.display()
+            )
+            .into());
+        }
+        let mounts = place::mounts(&adapter, &root, &bridge_bin, &sock_dir);
+
+        let cancel = CancellationToken::new();
+        let on_signal = cancel.clone();
+        tokio::spawn(async move {
+            crate::http::shutdown_signal().await;
+            eprintln!("\n==> rollcall batch: stopping (the rollouts in flight are cancelled and their containers removed)");
+            on_signal.cancel();
+        });
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()?;
+        let ctx = Arc::new(Context {
+            backend: backend.clone(),
+            adapter,
+            root,
+            model: self.model.clone(),
+            api_key: self.api_key.clone(),
+            proxy: proxy.clone(),
+            client,
+            run: name.clone(),
+            limits: Limits {
+                cpus: self.cpus,
+                memory: self.memory_mib << 20,
+                pids: self.pids,
+            },
+            timeout: Duration::from_secs(self.timeout),
+            grade_timeout: Duration::from_secs(self.grade_timeout),
+            grade_timeouts: !self.no_grade_timeouts,
+            retries: self.retries,
+            extra_args: self.harness_args.clone(),
+            mounts,
+            out: out.clone(),
+            cancel: cancel.clone(),
+        });
+        let sampling = if self.adaptive {
+            Sampling::Adaptive(Bar {
+                n: self.bar_n,
+                n_max: self.bar_n_max,
+                stride: self.bar_stride,
+                r_min: self.bar_r_min,
+                r_max: self.bar_r_max,
+            })
+        } else {
+            Sampling::Fixed(self.samples)
+        };
+        eprintln!(
+            "==> rollcall batch {name}: {} tasks, {}, harness {}, {} at a time; proxy {proxy}, shards {}, out {}",
+            tasks.len(),
+            match sampling {
+                Sampling::Fixed(k) => format!("{k} samples each"),
+                Sampling::Adaptive(b) => format!("adaptive (n {}, up to {}, stride {})", b.n, b.n_max, b.stride),
+            },
+            self.harness,
+            self.concurrency,
+            shards.display(),
+            out.display()
+        );
+        let result =
+            crate::rollout::batch::run(ctx, &tasks, sampling, self.concurrency, &shards).await;
+        // Whatever happened, nothing of this batch stays behind.
+        let removed = backend.remove_batch(&batch_id).await;
+        drop(host_bridge);
+        let _ = std::fs::remove_dir_all(&sock_dir);
+        if let Some((stop, task)) = server {
+            let _ = stop.send(());
+            let _ = task.await;
+        }
+        let _ = std::fs::remove_file(lock::batch_file(&batch_id));
+        let summary = result?;
+        if let Err(e) = removed {
+            eprintln!("==> rollcall batch: warning: could not remove every container: {e}");
+        }
+        print!("{}", summary.table());
+        let path = out.join("summary.json");
+        std::fs::write(&path, serde_json::to_vec_pretty(&summary)?)?;
+        eprintln!("==> rollcall batch: summary in {}", path.display());
+        Ok(if summary.interrupted { 130 } else { 0 })
+    }
+}

@@ -1,0 +1,81 @@
+//! The rollout engine: `rollcall batch` runs a task set (SWE-bench's
+//! instance format) through a harness, each rollout in a fresh container
+//! of its own, grades each one exactly as SWE-bench does, groups the samples
+//! of a task (with Balanced Adaptive Rollout when asked) and finishes every
+//! rollout on the proxy with its reward, group and report.
+//!
+//! ```text
+//! batch ──▶ group (one per task: strides of samples, BAR) ──▶ sample
+//!   sample: attempt ──▶ [container] harness ──▶ model patch ──▶ [fresh container] grade ──▶ finish
+//!                    └─ infrastructure fault ──▶ retry (a new attempt, a new rollout id)
+//! ```
+//!
+//! The engine talks to the proxy over HTTP only (finishes), and to the
+//! shards only to read which rollouts are already finished (resume). Where
+//! containers run is behind [`backend::Backend`]; [`backend::docker`] is
+//! the one backend today.
+
+pub mod backend;
+pub mod bar;
+pub mod batch;
+pub mod bridge;
+pub mod grading;
+pub mod lock;
+pub mod place;
+pub mod sample;
+pub mod summary;
+
+use std::path::PathBuf;
+
+/// Errors of the rollout engine.
+#[derive(Debug, thiserror::Error)]
+pub enum RolloutError {
+    /// a container backend fault
+    #[error(transparent)]
+    Backend(#[from] backend::BackendError),
+    /// a harness fault
+    #[error(transparent)]
+    Harness(#[from] crate::harness::HarnessError),
+    /// the harness has no container recipe
+    #[error("harness {0} has no [container] recipe in its adapter.toml, so `rollcall batch` cannot run it yet")]
+    NoContainerRecipe(String),
+    /// the adapter's container recipe does not render
+    #[error("adapter {harness}: {message}")]
+    Recipe { harness: String, message: String },
+    /// the task set could not be read
+    #[error(transparent)]
+    Tasks(#[from] crate::grade::LoadError),
+    /// a task cannot be graded (unknown repo version, bad test patch)
+    #[error(transparent)]
+    Instance(#[from] crate::grade::InstanceError),
+    /// setting up a rollout's container failed
+    #[error("setting up the container failed: {0}")]
+    Setup(String),
+    /// the proxy did not take a finish
+    #[error("the proxy at {url} did not take the finish of {rollout}: {message}")]
+    Finish {
+        url: String,
+        rollout: String,
+        message: String,
+    },
+    /// the shards could not be read
+    #[error("reading finished rollouts from the shards: {0}")]
+    Shards(#[from] crate::export::ExportError),
+    /// I/O error on {path}
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// a command could not be started
+    #[error("could not start {program}: {source}")]
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
+    /// another batch holds this run's lock
+    #[error(
+        "another `rollcall batch` is running this run ({0}); wait for it or pick another --name"
+    )]
+    Busy(String),
+}

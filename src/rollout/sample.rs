@@ -1,0 +1,410 @@
+//! One sample of a task: attempts until one is not an infrastructure
+//! fault (or the retries run out). An attempt is one rollout id: a fresh
+//! container, the harness against it, the model patch taken from it, a
+//! fresh container to grade that patch in, and the finish on the proxy.
+
+use super::backend::{Backend, BackendError, Exec, Limits, SandboxSpec, LABEL_ROLE, LABEL_ROLLOUT};
+use super::grading;
+use super::place::{self, HarnessEnd, HarnessRun};
+use super::RolloutError;
+use crate::grade::Instance;
+use crate::harness::Adapter;
+use serde::Serialize;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// Largest model patch kept (a bigger diff is an agent that rewrote the
+/// repository; it is graded as it is but recorded cut).
+const MAX_PATCH: usize = 8 << 20;
+
+/// What every sample of a batch shares.
+pub struct Context<B> {
+    pub backend: B,
+    pub adapter: Adapter,
+    pub root: PathBuf,
+    pub model: String,
+    pub api_key: String,
+    /// The proxy's URL, `http://HOST:PORT`.
+    pub proxy: String,
+    pub client: reqwest::Client,
+    pub run: String,
+    pub limits: Limits,
+    pub timeout: Duration,
+    pub grade_timeout: Duration,
+    /// Grade a rollout whose harness timed out, on the patch it left.
+    pub grade_timeouts: bool,
+    pub retries: usize,
+    /// Arguments appended to the harness's command line.
+    pub extra_args: Vec<String>,
+    /// Mounts of every rollout container (harness, bridge, socket).
+    pub mounts: Vec<super::backend::Mount>,
+    /// Where each rollout's logs go: `out/rollouts/<rollout id>/`.
+    pub out: PathBuf,
+    pub cancel: CancellationToken,
+}
+
+/// The status a rollout is finished with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// The harness ended and its patch was graded.
+    Completed,
+    /// The harness ran past its deadline (graded on its patch when so
+    /// configured).
+    Timeout,
+    /// An infrastructure fault: never a reward.
+    InfraError,
+    /// The batch was interrupted.
+    Cancelled,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Completed => "completed",
+            Status::Timeout => "timeout",
+            Status::InfraError => crate::export::INFRA_ERROR,
+            Status::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Status> {
+        [
+            Status::Completed,
+            Status::Timeout,
+            Status::InfraError,
+            Status::Cancelled,
+        ]
+        .into_iter()
+        .find(|x| x.as_str() == s)
+    }
+}
+
+/// Kinds of infrastructure fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Infra {
+    ImageMissing,
+    Daemon,
+    OutOfMemory,
+    GradingContainer,
+    Setup,
+}
+
+/// How one attempt ended.
+#[derive(Debug, Clone, Serialize)]
+pub struct Attempt {
+    pub rollout: String,
+    pub status: Status,
+    pub reward: Option<f64>,
+    pub resolved: Option<bool>,
+    pub infra: Option<Infra>,
+    pub error: Option<String>,
+    pub harness_exit: Option<i64>,
+    pub seconds: f64,
+    /// The finish metadata sent to the proxy.
+    #[serde(skip)]
+    pub metadata: Value,
+}
+
+/// The rollout id of attempt `attempt` of sample `sample` of `task`.
+pub fn rollout_id(run: &str, task: &str, sample: usize, attempt: usize) -> String {
+    format!("{run}.{task}.s{sample}.a{attempt}")
+}
+
+/// The group id of a task's samples.
+pub fn group_id(run: &str, task: &str) -> String {
+    format!("{run}.{task}")
+}
+
+fn infra_of(e: &RolloutError) -> Infra {
+    match e {
+        RolloutError::Backend(BackendError::ImageMissing(_)) => Infra::ImageMissing,
+        RolloutError::Backend(_) => Infra::Daemon,
+        _ => Infra::Setup,
+    }
+}
+
+impl<B: Backend> Context<B> {
+    /// POST the finish of `rollout`.
+    pub async fn finish(&self, rollout: &str, body: &Value) -> Result<(), RolloutError> {
+        let err = |message: String| RolloutError::Finish {
+            url: self.proxy.clone(),
+            rollout: rollout.to_owned(),
+            message,
+        };
+        self.client
+            .post(format!("{}/v1/rollouts/{rollout}/finish", self.proxy))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .and_then(|r| r.error_for_status())
+            .map_err(|e| err(e.to_string()))?;
+        Ok(())
+    }
+
+    /// Run sample `sample` of `task`: attempts `first..` until one is not an
+    /// infrastructure fault, or the retries are spent.
+    pub async fn sample(&self, task: &Instance, sample: usize, first: usize) -> Attempt {
+        let mut attempt = first;
+        loop {
+            let a = self.attempt(task, sample, attempt).await;
+            let retry = a.status == Status::InfraError
+                && attempt < self.retries
+                && !self.cancel.is_cancelled();
+            if !retry {
+                return a;
+            }
+            tracing::warn!(rollout = %a.rollout, error = ?a.error, "infrastructure fault; retrying");
+            attempt += 1;
+        }
+    }
+
+    async fn attempt(&self, task: &Instance, sample: usize, attempt: usize) -> Attempt {
+        let rollout = rollout_id(&self.run, &task.instance_id, sample, attempt);
+        let started = Instant::now();
+        let dir = self.out.join("rollouts").join(&rollout);
+        let mut meta = json!({
+            "batch": self.run,
+            "task": task.instance_id,
+            "repo": task.repo,
+            "group": group_id(&self.run, &task.instance_id),
+            "sample": sample,
+            "attempt": attempt,
+            "harness": self.adapter.name,
+            "harness_version": self.adapter.version,
+            "model": self.model,
+            "image": task.image(),
+        });
+        let result = match std::fs::create_dir_all(&dir) {
+            Ok(()) => self.run_attempt(task, &rollout, &dir, &mut meta).await,
+            Err(source) => Err(RolloutError::Io {
+                path: dir.clone(),
+                source,
+            }),
+        };
+        let mut a = match result {
+            Ok(a) => a,
+            Err(e) => Attempt {
+                rollout: rollout.clone(),
+                status: if self.cancel.is_cancelled() {
+                    Status::Cancelled
+                } else {
+                    Status::InfraError
+                },
+                reward: None,
+                resolved: None,
+                infra: Some(infra_of(&e)),
+                error: Some(crate::redact::redact(&e.to_string()).into_owned()),
+                harness_exit: None,
+                seconds: 0.0,
+                metadata: Value::Null,
+            },
+        };
+        a.seconds = started.elapsed().as_secs_f64();
+        meta["outcome"] = json!(a.status);
+        meta["infra_error"] = json!(a.infra);
+        meta["error"] = json!(a.error);
+        meta["seconds"] = json!(a.seconds);
+        let mut body = json!({"status": a.status.as_str(), "metadata": meta});
+        if let Some(r) = a.reward {
+            body["reward"] = json!(r);
+        }
+        if let Err(e) = self.finish(&rollout, &body).await {
+            tracing::error!(error = %e, "could not finish the rollout");
+        }
+        a.metadata = body["metadata"].clone();
+        a
+    }
+
+    fn spec(
+        &self,
+        task: &Instance,
+        rollout: &str,
+        role: &str,
+        mounts: Vec<super::backend::Mount>,
+    ) -> SandboxSpec {
+        SandboxSpec {
+            image: task.image(),
+            workdir: task.workdir().to_owned(),
+            limits: self.limits.clone(),
+            mounts,
+            labels: BTreeMap::from([
+                (LABEL_ROLLOUT.to_owned(), rollout.to_owned()),
+                (LABEL_ROLE.to_owned(), role.to_owned()),
+            ]),
+        }
+    }
+
+    async fn run_attempt(
+        &self,
+        task: &Instance,
+        rollout: &str,
+        dir: &Path,
+        meta: &mut Value,
+    ) -> Result<Attempt, RolloutError> {
+        let t0 = Instant::now();
+        let id = self
+            .backend
+            .create(&self.spec(task, rollout, "rollout", self.mounts.clone()))
+            .await?;
+        meta["container_start_s"] = json!(t0.elapsed().as_secs_f64());
+        // When the container was up (µs since the epoch, the clock of the
+        // call rows' `received_at`): the bench measures start → first call.
+        meta["container_started_at"] = json!(crate::now_micros());
+        let mut removed = false;
+        let result = self
+            .in_container(task, rollout, dir, meta, &id, &mut removed)
+            .await;
+        if !removed {
+            self.remove(&id).await;
+        }
+        result
+    }
+
+    async fn remove(&self, id: &str) {
+        if let Err(e) = self.backend.remove(id).await {
+            tracing::warn!(container = %id, error = %e, "could not remove a container; the batch's exit, or the next start, removes it");
+        }
+    }
+
+    async fn in_container(
+        &self,
+        task: &Instance,
+        rollout: &str,
+        dir: &Path,
+        meta: &mut Value,
+        id: &str,
+        removed: &mut bool,
+    ) -> Result<Attempt, RolloutError> {
+        let workdir = task.workdir().to_owned();
+        let run = HarnessRun {
+            adapter: &self.adapter,
+            root: &self.root,
+            rollout,
+            model: &self.model,
+            api_key: &self.api_key,
+            proxy: &self.proxy,
+            container: id,
+            workdir: &workdir,
+            image: &task.image(),
+            instance_id: &task.instance_id,
+            repo: &task.repo,
+            problem_statement: &task.problem_statement,
+            deadline: self.timeout,
+            extra_args: &self.extra_args,
+            dir,
+        };
+        let h0 = Instant::now();
+        let end = place::run(&self.backend, &run, &self.cancel).await?;
+        meta["harness_s"] = json!(h0.elapsed().as_secs_f64());
+        let state = self.backend.state(id).await?;
+        let mut a = Attempt {
+            rollout: rollout.to_owned(),
+            status: Status::Completed,
+            reward: None,
+            resolved: None,
+            infra: None,
+            error: None,
+            harness_exit: None,
+            seconds: 0.0,
+            metadata: Value::Null,
+        };
+        match end {
+            HarnessEnd::Cancelled => {
+                a.status = Status::Cancelled;
+                return Ok(a);
+            }
+            HarnessEnd::TimedOut => a.status = Status::Timeout,
+            HarnessEnd::Exited(c) => a.harness_exit = Some(c),
+        }
+        meta["harness_exit"] = json!(a.harness_exit);
+        if state.oom_killed {
+            a.status = Status::InfraError;
+            a.infra = Some(Infra::OutOfMemory);
+            a.error = Some("the container was killed for memory".into());
+            return Ok(a);
+        }
+        let patch = self.model_patch(id, task).await?;
+        self.remove(id).await;
+        *removed = true;
+        let _ = std::fs::write(dir.join("model.patch"), &patch);
+        meta["model_patch"] = json!(patch);
+        if a.status == Status::Timeout && !self.grade_timeouts {
+            return Ok(a);
+        }
+        let g0 = Instant::now();
+        let graded = match self.grade(task, rollout, &patch, dir).await {
+            Ok(g) => g,
+            Err(e) => {
+                a.status = Status::InfraError;
+                a.infra = Some(match infra_of(&e) {
+                    Infra::ImageMissing => Infra::ImageMissing,
+                    _ => Infra::GradingContainer,
+                });
+                a.error = Some(crate::redact::redact(&e.to_string()).into_owned());
+                return Ok(a);
+            }
+        };
+        meta["grade_s"] = json!(g0.elapsed().as_secs_f64());
+        a.resolved = Some(graded.resolved);
+        a.reward = Some(if graded.resolved { 1.0 } else { 0.0 });
+        meta["report"] = graded.report;
+        meta["resolution"] = json!(graded.resolution);
+        meta["resolved"] = json!(graded.resolved);
+        Ok(a)
+    }
+
+    /// The repository's diff against the task's base commit, new files
+    /// included: the model patch.
+    async fn model_patch(&self, id: &str, task: &Instance) -> Result<String, RolloutError> {
+        let script = format!(
+            "git -c core.fileMode=false add -A >/dev/null && git -c core.fileMode=false diff --cached --text --no-color {} --",
+            grading::quote(&task.base_commit)
+        );
+        let out = self
+            .backend
+            .exec(
+                id,
+                Exec {
+                    argv: vec!["bash".into(), "-c".into(), script],
+                    workdir: Some(task.workdir().to_owned()),
+                    timeout: Some(Duration::from_secs(120)),
+                    max_output: MAX_PATCH,
+                    ..Exec::default()
+                },
+            )
+            .await?;
+        if out.exit_code != Some(0) {
+            return Err(RolloutError::Setup(format!(
+                "taking the diff against {} failed: {}",
+                task.base_commit,
+                out.text().chars().take(2000).collect::<String>()
+            )));
+        }
+        Ok(out.text())
+    }
+
+    /// Grade `patch` in a fresh container from the task's image.
+    async fn grade(
+        &self,
+        task: &Instance,
+        rollout: &str,
+        patch: &str,
+        dir: &Path,
+    ) -> Result<grading::Graded, RolloutError> {
+        let id = self
+            .backend
+            .create(&self.spec(task, rollout, "grade", vec![]))
+            .await?;
+        let log = grading::run(&self.backend, &id, task, patch, self.grade_timeout).await;
+        self.remove(&id).await;
+        let log = log?;
+        let _ = std::fs::write(dir.join("eval.log"), &log);
+        Ok(grading::grade(task, &log))
+    }
+}

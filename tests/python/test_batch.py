@@ -1,0 +1,340 @@
+"""`rollcall batch` end to end on a real Docker daemon, with the shipped
+task family (fixtures/tasks/inflection: real bugs in the PyPI library
+`inflection`, hidden tests) and real harnesses (mini-swe-agent on the host
+driving the container, Codex inside it), against the scripted model server.
+
+The scripted model runs the `[[run: CMD]]` commands it finds in the task.
+The tests write their own copy of the task set whose problem statements end
+with such commands: the gold fix (base64, applied with `git apply`) for the
+tasks it is meant to solve, a wrong edit or nothing for the others. The
+grades must say exactly which tasks were really fixed.
+
+`make test` starts dockerd (`.ci/docker-up`) and builds the task images
+(`make task-image`) first; a missing daemon or image fails these tests.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import rollcall_harness as h
+
+FAMILY = h.REPO_ROOT / "fixtures" / "tasks" / "inflection" / "tasks.jsonl"
+SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+
+
+def docker(*args: str, check: bool = True) -> str:
+    p = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=120)
+    if check and p.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)} failed: {p.stderr}")
+    return p.stdout
+
+
+@pytest.fixture(scope="module")
+def family() -> list[dict]:
+    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        pytest.fail("no Docker daemon answers: run .ci/docker-up (make test does)")
+    tasks = [json.loads(line) for line in FAMILY.read_text().splitlines() if line.strip()]
+    assert len(tasks) >= 8
+    for t in tasks:
+        if not docker("images", "-q", t["image"]).strip():
+            pytest.fail(f"task image {t['image']} is missing: run `make task-image`")
+    return tasks
+
+
+def run_cmd(cmd: str) -> str:
+    return f"[[run: {cmd}]]"
+
+
+def apply_b64(patch: str) -> str:
+    b = base64.b64encode(patch.encode()).decode()
+    return f"echo {b} | base64 -d | git apply"
+
+
+def scripted(task: dict, commands: list[str]) -> dict:
+    t = dict(task)
+    t["problem_statement"] = task["problem_statement"] + "\n\n" + " ".join(run_cmd(c) for c in commands)
+    return t
+
+
+def write_tasks(path: Path, tasks: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    return path
+
+
+def batch_cmd(tmp: Path, tasks: Path, upstream: str, *extra: str, harness: str = "mini-swe-agent",
+              name: str = "t") -> list[str]:
+    return [
+        h.rollcall_bin(), "batch", "--tasks", str(tasks), "--harness", harness, "--model", "scripted",
+        "--shards", str(tmp / "shards"), "--upstream", f"{upstream}/v1", "--out", str(tmp / "out"),
+        "--name", name, "--timeout", "300", "--grade-timeout", "300", *extra,
+    ]
+
+
+def env() -> dict:
+    e = dict(os.environ)
+    e.setdefault("ROLLCALL_HARNESS_DIR", str(Path.home() / ".cache" / "rollcall" / "harnesses"))
+    e["ROLLCALL_PROGRESS"] = "0"
+    return e
+
+
+def run_batch(cmd: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env())
+    assert p.returncode == 0, f"rollcall batch failed ({p.returncode}):\n{p.stdout}\n{p.stderr[-4000:]}"
+    return p
+
+
+def finishes(shards: Path) -> dict[str, dict]:
+    """Every rollout's latest finish row, metadata parsed."""
+    rows = h.duck_dicts(shards, "SELECT rollout_id, status, reward, metadata, epoch_us(finished_at) AS finished_at FROM t", kind="rollouts")
+    out: dict[str, dict] = {}
+    for r in sorted(rows, key=lambda r: r["finished_at"]):
+        r["metadata"] = json.loads(r["metadata"]) if r["metadata"] else {}
+        out[r["rollout_id"]] = r
+    return out
+
+
+def leftovers(batch_prefix: str = "") -> list[str]:
+    out = docker("ps", "-a", "--filter", "label=rollcall.batch", "--format", "{{.Label \"rollcall.batch\"}}")
+    return [b for b in out.split() if b.startswith(batch_prefix)]
+
+
+def test_batch_grades_what_was_really_fixed(family, upstream, tmp_path):
+    """mini-swe-agent on the host, commands in each task's container: the
+    gold fix for some tasks, a wrong edit for one, nothing for the rest."""
+    solve = {t["instance_id"] for t in family[:4]}
+    wrong = family[4]["instance_id"]
+    tasks = []
+    for t in family:
+        if t["instance_id"] in solve:
+            tasks.append(scripted(t, [apply_b64(t["patch"]), SUBMIT]))
+        elif t["instance_id"] == wrong:
+            tasks.append(scripted(t, ["echo '# not a fix' >> README.rst || echo '# not a fix' > NOTES.txt", SUBMIT]))
+        else:
+            tasks.append(scripted(t, [SUBMIT]))
+    path = write_tasks(tmp_path / "tasks.jsonl", tasks)
+    p = run_batch(batch_cmd(tmp_path, path, upstream, "--samples", "2", "--concurrency", "4"))
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    by_task = {row["task"]: row for row in summary["tasks"]}
+    for t in family:
+        row = by_task[t["instance_id"]]
+        expect = 2 if t["instance_id"] in solve else 0
+        assert (row["graded"], row["resolved"]) == (2, expect), row
+    assert summary["resolved_at_1"] == pytest.approx(len(solve) / len(family))
+    assert summary["pass_at_k"] == pytest.approx(len(solve) / len(family))
+    assert "resolved@1" in p.stdout and "pass@2" in p.stdout
+
+    rows = finishes(tmp_path / "shards")
+    assert len(rows) == 2 * len(family)
+    for rid, r in rows.items():
+        m = r["metadata"]
+        fixed = m["task"] in solve
+        assert r["status"] == "completed"
+        assert r["reward"] == (1.0 if fixed else 0.0), rid
+        assert m["group"] == f"t.{m['task']}"
+        rep = m["report"]
+        assert rep["resolved"] is fixed
+        assert rep["patch_successfully_applied"] is True
+        assert rep["resolution"] == ("RESOLVED_FULL" if fixed else "RESOLVED_NO")
+        f2p = rep["report"]["FAIL_TO_PASS"]
+        task = next(t for t in family if t["instance_id"] == m["task"])
+        f2p_expected = task["FAIL_TO_PASS"] if isinstance(task["FAIL_TO_PASS"], list) else json.loads(task["FAIL_TO_PASS"])
+        if fixed:
+            assert sorted(f2p["success"]) == sorted(f2p_expected) and f2p["failure"] == []
+        else:
+            assert f2p["success"] == [] and sorted(f2p["failure"]) == sorted(f2p_expected)
+        if m["task"] in solve:
+            assert m["model_patch"].strip(), rid
+    # Every call the harness made is recorded under its rollout.
+    calls = h.duck(tmp_path / "shards", "SELECT rollout_id, count(*) FROM t GROUP BY 1")
+    assert {c[0] for c in calls} == set(rows)
+    assert leftovers("t-") == []
+
+    # Run again: everything is finished already, nothing runs.
+    again = run_batch(batch_cmd(tmp_path, path, upstream, "--samples", "2", "--concurrency", "4"))
+    assert finishes(tmp_path / "shards").keys() == rows.keys()
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["resolved"] == 2 * len(solve), again.stdout
+
+
+def bar_expect(rewards: list[float], n: int = 4, r_min: float = 0.25, r_max: float = 0.75):
+    """Balanced Adaptive Rollout's choice, computed independently of rollcall."""
+    import math
+    pos = sum(1 for r in rewards if r > 0)
+    neg = len(rewards) - pos
+
+    def pick(lo, hi):
+        ok = [c for c in range(lo, min(hi, n) + 1) if c <= pos and n - c <= neg]
+        return min(ok, key=lambda c: (abs(c - n / 2), -c)) if ok else None
+
+    c = pick(math.ceil(r_min * n), math.floor(r_max * n))
+    if c is not None:
+        return c, None
+    c = pick(0, n)
+    if c is None:
+        return None, "too_few_samples"
+    if c == 0:
+        return 0, "no_positive"
+    if c == n:
+        return c, "zero_variance"
+    return c, None
+
+
+def test_adaptive_groups_keep_balanced_samples(family, upstream, tmp_path):
+    """Three tasks: always solved, never solved, solved by a coin flip per
+    sample. BAR keeps a balanced group or drops it, and says why."""
+    always, never, coin = family[0], family[1], family[2]
+    flip = f"if [ $(( $(od -An -N1 -tu1 /dev/urandom) % 2 )) = 0 ]; then {apply_b64(coin['patch'])}; fi"
+    tasks = [
+        scripted(always, [apply_b64(always["patch"]), SUBMIT]),
+        scripted(never, [SUBMIT]),
+        scripted(coin, [flip, SUBMIT]),
+    ]
+    path = write_tasks(tmp_path / "tasks.jsonl", tasks)
+    run_batch(batch_cmd(tmp_path, path, upstream, "--adaptive", "--concurrency", "4", name="bar"))
+    rows = finishes(tmp_path / "shards")
+    groups: dict[str, list[dict]] = {}
+    for r in rows.values():
+        groups.setdefault(r["metadata"]["task"], []).append(r)
+    assert {k: len(v) for k, v in groups.items()} == {t["instance_id"]: 8 for t in tasks}
+    for task, samples in groups.items():
+        samples.sort(key=lambda r: r["metadata"]["sample"])
+        rewards = [r["reward"] for r in samples]
+        c, dropped = bar_expect(rewards)
+        bars = [r["metadata"]["bar"] for r in samples]
+        assert all(b["group_dropped"] == dropped for b in bars), (task, rewards, bars)
+        kept = [r for r, b in zip(samples, bars) if b["kept"]]
+        if dropped:
+            assert kept == []
+        else:
+            assert len(kept) == 4 and sum(r["reward"] for r in kept) == c
+            # The first positives and negatives in sample order are kept.
+            pos = [r for r in samples if r["reward"] > 0][:c]
+            neg = [r for r in samples if r["reward"] == 0][: 4 - c]
+            assert sorted(r["rollout_id"] for r in kept) == sorted(r["rollout_id"] for r in pos + neg)
+    assert groups[always["instance_id"]][0]["metadata"]["bar"]["group_dropped"] == "zero_variance"
+    assert groups[never["instance_id"]][0]["metadata"]["bar"]["group_dropped"] == "no_positive"
+
+
+def test_infrastructure_faults_are_retried_and_never_reward_zero(family, upstream, tmp_path):
+    """The image is deleted while the batch runs: the grading container (and
+    later rollouts) cannot start. That is `infra_error`, retried, with no
+    reward, and left out of the datasets."""
+    t = dict(family[0])
+    doomed = "rollcall-test/doomed:1"
+    docker("tag", t["image"], doomed)
+    t["image"] = doomed
+    # The harness's first command waits for the test to delete the image.
+    flag = "/tmp/rollcall-doomed-go"
+    task = scripted(t, [f"for i in $(seq 1 600); do test -e {flag} && break; sleep 0.1; done; true", SUBMIT])
+    path = write_tasks(tmp_path / "tasks.jsonl", [task])
+    cmd = batch_cmd(tmp_path, path, upstream, "--samples", "1", "--concurrency", "1", "--retries", "2", name="doom")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not docker("ps", "-q", "--filter", "label=rollcall.batch").strip():
+            time.sleep(0.2)
+        cid = docker("ps", "-q", "--filter", "label=rollcall.role=rollout").split()[0]
+        docker("rmi", "-f", doomed)
+        docker("exec", cid, "touch", flag)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    rows = finishes(tmp_path / "shards")
+    assert sorted(rows) == [f"doom.{t['instance_id']}.s0.a{i}" for i in range(3)]
+    kinds = []
+    for rid in sorted(rows):
+        r = rows[rid]
+        assert r["status"] == "infra_error"
+        assert r["reward"] is None
+        kinds.append(r["metadata"]["infra_error"])
+    assert kinds == ["image_missing"] * 3, kinds
+    # The first attempt's harness ran; its grading container could not start.
+    first = rows[f"doom.{t['instance_id']}.s0.a0"]["metadata"]
+    assert "model_patch" in first and "report" not in first
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["infra_errors"] == 1 and summary["resolved"] == 0
+    assert summary["tasks"][0]["graded"] == 0
+    # Left out of the datasets by default, kept when asked.
+    sft = tmp_path / "sft"
+    subprocess.run([h.rollcall_bin(), "export", "sft", "--shards", str(tmp_path / "shards"), "--out", str(sft)],
+                   check=True, capture_output=True)
+    report = json.loads((sft / "sft_report.json").read_text())
+    assert report["samples"] == 0 and report["filtered"] > 0, report
+    kept = tmp_path / "sft-all"
+    subprocess.run([h.rollcall_bin(), "export", "sft", "--shards", str(tmp_path / "shards"), "--out", str(kept),
+                    "--include-infra-errors"], check=True, capture_output=True)
+    assert json.loads((kept / "sft_report.json").read_text())["samples"] > 0
+    assert leftovers("doom-") == []
+
+
+def test_codex_runs_inside_an_isolated_container(family, upstream, tmp_path):
+    """Codex runs in the container from the read-only install; the container
+    has no interface but loopback and no route, yet rollcall answers through
+    the mounted socket. The evidence is written into the repository, so it
+    comes back in the model patch."""
+    t = family[0]
+    probe = (
+        "(cat /proc/net/dev; echo ROUTES; cat /proc/net/route; echo HEALTH; "
+        "exec 3<>/dev/tcp/127.0.0.1/8700 && printf 'GET /healthz HTTP/1.0\\r\\n\\r\\n' >&3 && cat <&3) > isolation.txt 2>&1"
+    )
+    task = scripted(t, [probe, apply_b64(t["patch"])])
+    path = write_tasks(tmp_path / "tasks.jsonl", [task])
+    run_batch(batch_cmd(tmp_path, path, upstream, "--samples", "1", harness="codex", name="iso"))
+    rows = finishes(tmp_path / "shards")
+    (r,) = rows.values()
+    assert r["status"] == "completed" and r["reward"] == 1.0, r
+    patch = r["metadata"]["model_patch"]
+    added = [line[1:] for line in patch.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    text = "\n".join(added)
+    dev, rest = text.split("ROUTES", 1)
+    routes, health = rest.split("HEALTH", 1)
+    ifaces = [line.split(":")[0].strip() for line in dev.splitlines() if ":" in line]
+    assert ifaces == ["lo"], dev
+    assert [line for line in routes.strip().splitlines() if not line.startswith("Iface")] == [], routes
+    assert "HTTP/1.1 200" in health or "HTTP/1.0 200" in health, health
+    # Codex's calls went through the proxy under the rollout.
+    calls = h.duck(tmp_path / "shards", "SELECT rollout_id, wire_api FROM t")
+    assert calls and all(c == (r["rollout_id"], "responses") for c in calls), calls
+
+
+@pytest.mark.parametrize("how", ["sigint", "sigkill"])
+def test_nothing_is_left_behind(family, upstream, tmp_path, how):
+    """Ctrl-C removes every container of the batch; after SIGKILL, the next
+    start removes what the dead batch left."""
+    t = family[0]
+    task = scripted(t, ["sleep 300", SUBMIT])
+    path = write_tasks(tmp_path / "tasks.jsonl", [task])
+    name = f"left-{how}"
+    cmd = batch_cmd(tmp_path, path, upstream, "--samples", "2", "--concurrency", "2", name=name)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and len(leftovers(name + "-")) < 2:
+            time.sleep(0.2)
+        assert len(leftovers(name + "-")) == 2
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT if how == "sigint" else signal.SIGKILL)
+        proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    if how == "sigint":
+        assert proc.returncode == 130
+        assert leftovers(name + "-") == []
+        rows = finishes(tmp_path / "shards")
+        assert {r["status"] for r in rows.values()} == {"cancelled"}
+        return
+    assert len(leftovers(name + "-")) == 2
+    # The next start (any batch) cleans up.
+    quick = write_tasks(tmp_path / "quick.jsonl", [scripted(t, [SUBMIT])])
+    run_batch(batch_cmd(tmp_path / "next", quick, upstream, "--samples", "1", name="next"))
+    assert leftovers(name + "-") == []
+    assert leftovers("next-") == []
