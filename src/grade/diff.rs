@@ -240,11 +240,11 @@ fn skip_hunk<'a>(
             _ => return Err((no, "hunk diff line expected")),
         };
         match kind {
-            '+' => target += 1,
-            '-' => source += 1,
+            '+' => target = target.saturating_add(1),
+            '-' => source = source.saturating_add(1),
             ' ' => {
-                source += 1;
-                target += 1;
+                source = source.saturating_add(1);
+                target = target.saturating_add(1);
             }
             _ => {}
         }
@@ -362,6 +362,9 @@ Binary files a/img.png and b/img.png differ
         for bad in [wrong_count.as_str(), blank_before_hunk, short] {
             assert!(modified_files(bad).is_err(), "{bad}");
         }
+        // Line numbers near u64::MAX neither overflow nor panic.
+        let huge = format!("--- a/x\n+++ b/x\n@@ -{m} +{m} @@\n a\n a\n", m = u64::MAX);
+        assert!(modified_files(&huge).is_ok());
         assert_eq!(
             modified_files(short),
             Err(DiffError::Parse {
