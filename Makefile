@@ -141,11 +141,13 @@ bench-tools:
 # nginx, a bare hyper forwarder, rollcall recording, LiteLLM), then the
 # dataset export over 1,000,000 generated call rows (rows/s, peak RSS),
 # then the embedded model's prefill and decode tokens/s.
-bench: bench-tools $(LITELLM_VENV)/.installed model
+bench: bench-tools $(LITELLM_VENV)/.installed model harnesses
 	cargo bench --bench record
 	cargo bench --bench compare
 	cargo bench --bench export
 	cargo bench --bench model
+	$(MAKE) --no-print-directory task-image
+	$(VENV)/bin/python benches/batch.py --bin $(BIN)
 
 # The shipped SWE-bench-format task family for `rollcall batch`: real bugs in
 # inflection 0.5.1 (from PyPI), one Docker image per task, built locally
@@ -153,8 +155,8 @@ bench: bench-tools $(LITELLM_VENV)/.installed model
 # Idempotent: seconds when the images are up to date. Check the tasks with
 # fixtures/tasks/inflection/verify.
 .PHONY: task-image
-task-image:
-	fixtures/tasks/inflection/build-image
+task-image: $(VENV)/.installed
+	ROLLCALL_PIP_PYTHON=$(VENV)/bin/python fixtures/tasks/inflection/build-image
 
 # Soak: SOAK_MINUTES of mixed load (all four APIs, streams, hang-ups, upstream
 # faults, slow readers) through the release binary, SIGKILL and restart it
