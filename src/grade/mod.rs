@@ -34,4 +34,4 @@ pub use report::{
     APPLY_PATCH_PASS, END_TEST_OUTPUT, RESET_FAILED, START_TEST_OUTPUT, TESTS_ERROR, TESTS_TIMEOUT,
 };
 pub use script::{apply_patch_script, eval_script, shell_quote, DOCKER_PATCH, GIT_APPLY_CMDS};
-pub use specs::swebench_version;
+pub use specs::{swebench_version, Spec};
