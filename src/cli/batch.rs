@@ -145,6 +145,13 @@ impl Batch {
                 .clone()
                 .unwrap_or_else(crate::harness::default_root),
         )?;
+        if !adapter.bin(&root).exists() {
+            return Err(crate::harness::HarnessError::NotInstalled(
+                adapter.name.clone(),
+                adapter.dir(&root),
+            )
+            .into());
+        }
         let out = std::path::absolute(
             self.out
                 .clone()

@@ -338,3 +338,28 @@ def test_nothing_is_left_behind(family, upstream, tmp_path, how):
     run_batch(batch_cmd(tmp_path / "next", quick, upstream, "--samples", "1", name="next"))
     assert leftovers(name + "-") == []
     assert leftovers("next-") == []
+
+
+def test_memory_kills_are_infrastructure_errors_and_timeouts_are_graded(family, upstream, tmp_path):
+    """A process the OOM killer ends in the rollout's container makes the
+    attempt `infra_error` (out_of_memory), retried; a harness past its
+    deadline is `timeout`, graded on the patch it left."""
+    hog, slow = family[0], family[1]
+    tasks = [
+        scripted(hog, ["python3 -c 'x = bytearray(512 << 20)'", SUBMIT]),
+        scripted(slow, [apply_b64(slow["patch"]), "sleep 120", SUBMIT]),
+    ]
+    path = write_tasks(tmp_path / "tasks.jsonl", tasks)
+    cmd = batch_cmd(tmp_path, path, upstream, "--samples", "1", "--concurrency", "2", "--retries", "1",
+                    "--memory-mib", "128", name="lim")
+    cmd[cmd.index("--timeout") + 1] = "20"
+    run_batch(cmd)
+    rows = finishes(tmp_path / "shards")
+    oom = [rows[f"lim.{hog['instance_id']}.s0.a{i}"] for i in range(2)]
+    for r in oom:
+        assert (r["status"], r["reward"], r["metadata"]["infra_error"]) == ("infra_error", None, "out_of_memory"), r
+    late = rows[f"lim.{slow['instance_id']}.s0.a0"]
+    assert late["status"] == "timeout"
+    # The fix was applied before the harness stalled: graded on it.
+    assert late["reward"] == 1.0 and late["metadata"]["report"]["resolved"] is True
+    assert len(rows) == 3 and leftovers("lim-") == []

@@ -77,6 +77,15 @@ impl Docker {
     }
 }
 
+/// The `oom_kill N` count of a cgroup's memory events (0 when absent).
+fn oom_kill_count(text: &str) -> u64 {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("oom_kill "))
+        .filter_map(|n| n.trim().parse::<u64>().ok())
+        .max()
+        .unwrap_or(0)
+}
+
 /// A tar archive of `files`, paths relative to `/`.
 fn archive(files: &[FileIn]) -> std::io::Result<Vec<u8>> {
     let mut b = tar::Builder::new(Vec::new());
@@ -242,9 +251,33 @@ impl Backend for Docker {
             .await
             .map_err(daemon("inspect"))?;
         let s = c.state.unwrap_or_default();
+        let running = s.running.unwrap_or(false);
+        // Docker sets OOMKilled only when the container itself exits; a
+        // process the OOM killer ended inside a running container shows in
+        // the cgroup's own counter (v2: memory.events, v1: oom_control).
+        let oom_kills = if running {
+            self.exec(
+                id,
+                Exec {
+                    argv: vec![
+                        "cat".into(),
+                        "/sys/fs/cgroup/memory.events".into(),
+                        "/sys/fs/cgroup/memory/memory.oom_control".into(),
+                    ],
+                    timeout: Some(std::time::Duration::from_secs(30)),
+                    max_output: 4096,
+                    ..Exec::default()
+                },
+            )
+            .await
+            .map(|o| oom_kill_count(&o.text()))
+            .unwrap_or(0)
+        } else {
+            0
+        };
         Ok(SandboxState {
-            running: s.running.unwrap_or(false),
-            oom_killed: s.oom_killed.unwrap_or(false),
+            running,
+            oom_killed: s.oom_killed.unwrap_or(false) || oom_kills > 0,
         })
     }
 
@@ -309,5 +342,19 @@ impl Backend for Docker {
             }
         }
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::oom_kill_count;
+
+    #[test]
+    fn oom_kills_are_read_from_either_cgroup_version() {
+        let v2 = "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\noom_group_kill 0\n";
+        let v1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n";
+        assert_eq!(oom_kill_count(v2), 1);
+        assert_eq!(oom_kill_count(v1), 2);
+        assert_eq!(oom_kill_count("cat: no such file\n"), 0);
     }
 }
