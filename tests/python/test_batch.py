@@ -1,7 +1,8 @@
 """`rollcall batch` end to end on a real Docker daemon, with the shipped
 task family (fixtures/tasks/inflection: real bugs in the PyPI library
 `inflection`, hidden tests) and real harnesses (mini-swe-agent on the host
-driving the container, Codex inside it), against the scripted model server.
+driving the container, Codex and Claude Code inside it), against the scripted
+model server.
 
 The scripted model runs the `[[run: CMD]]` commands it finds in the task.
 The tests write their own copy of the task set whose problem statements end
@@ -276,8 +277,9 @@ def test_infrastructure_faults_are_retried_and_never_reward_zero(family, upstrea
     assert leftovers("doom-") == []
 
 
-def test_codex_runs_inside_an_isolated_container(family, upstream, tmp_path):
-    """Codex runs in the container from the read-only install; the container
+@pytest.mark.parametrize("harness,wire_api", [("codex", "responses"), ("claude-code", "messages")])
+def test_harness_runs_inside_an_isolated_container(family, upstream, tmp_path, harness, wire_api):
+    """Codex (and Claude Code) run in the container from the read-only install; the container
     has no interface but loopback and no route, yet rollcall answers through
     the mounted socket. The evidence is written into the repository, so it
     comes back in the model patch."""
@@ -288,7 +290,7 @@ def test_codex_runs_inside_an_isolated_container(family, upstream, tmp_path):
     )
     task = scripted(t, [probe, apply_b64(t["patch"])])
     path = write_tasks(tmp_path / "tasks.jsonl", [task])
-    run_batch(batch_cmd(tmp_path, path, upstream, "--samples", "1", harness="codex", name="iso"))
+    run_batch(batch_cmd(tmp_path, path, upstream, "--samples", "1", harness=harness, name="iso"))
     rows = finishes(tmp_path / "shards")
     (r,) = rows.values()
     assert r["status"] == "completed" and r["reward"] == 1.0, r
@@ -301,9 +303,9 @@ def test_codex_runs_inside_an_isolated_container(family, upstream, tmp_path):
     assert ifaces == ["lo"], dev
     assert [line for line in routes.strip().splitlines() if not line.startswith("Iface")] == [], routes
     assert "HTTP/1.1 200" in health or "HTTP/1.0 200" in health, health
-    # Codex's calls went through the proxy under the rollout.
+    # The harness's calls went through the proxy under the rollout.
     calls = h.duck(tmp_path / "shards", "SELECT rollout_id, wire_api FROM t")
-    assert calls and all(c == (r["rollout_id"], "responses") for c in calls), calls
+    assert calls and all(c == (r["rollout_id"], wire_api) for c in calls), calls
 
 
 @pytest.mark.parametrize("how", ["sigint", "sigkill"])
