@@ -72,6 +72,8 @@ fn call_row(
         "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]);
     let messages = Value::Array(msgs.to_vec()).to_string();
     CallRow {
+        replica: None,
+        repinned: false,
         call_id: format!("{rid}-{seq:04}"),
         rollout_id: rid.to_owned(),
         sequence: seq,

@@ -54,6 +54,8 @@ fn call(i: usize) -> CompletedCall {
             failure_message: None,
             first_byte_at: Some(1_800_000_000_001_000),
             done_at: 1_800_000_000_002_000,
+            replica: None,
+            repinned: false,
         },
         response: Bytes::from(stream_body(64)),
         upstream_response: None,

@@ -42,6 +42,9 @@ pub async fn build(mut config: Config) -> Result<Server, StartError> {
         }
     }
     let routes = RouteTable::new(&config.routes, config.default_route_name())?;
+    for r in routes.all() {
+        r.start_health();
+    }
     let client_keys = match &config.server.client_keys_env {
         Some(var) => Some(client_keys(var)?),
         None => None,

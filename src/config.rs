@@ -189,6 +189,25 @@ pub struct RouteConfig {
     /// Not given for `kind = "embedded"`, whose server runs in-process.
     #[serde(default)]
     pub url: String,
+    /// More replicas of the same model server (a pool, with `url` as its
+    /// first member when both are given); see `docs/serving.md`.
+    #[serde(default)]
+    pub urls: Vec<String>,
+    /// How a pool's replica is chosen for a call.
+    #[serde(default)]
+    pub policy: Policy,
+    /// `affinity`: a rollout leaves its replica when that one has this many
+    /// more calls in flight than the least-loaded healthy replica.
+    #[serde(default = "defaults::affinity_margin")]
+    pub affinity_margin: usize,
+    /// Active health probes of a pool's replicas (`GET <url>/models`), every
+    /// this many ms; 0 turns them off.
+    #[serde(default = "defaults::health_interval_ms")]
+    pub health_interval_ms: u64,
+    /// A replica marked down by a failed call (connect error, 5xx) takes no
+    /// new calls for this long, unless a probe finds it up first.
+    #[serde(default = "defaults::down_cooldown_ms")]
+    pub down_cooldown_ms: u64,
     /// Environment variable holding the upstream API key.
     pub api_key_env: Option<String>,
     /// Model names this route serves. `*` at the end matches a prefix.
@@ -293,6 +312,15 @@ pub enum RouteKind {
 }
 
 mod defaults {
+    pub fn affinity_margin() -> usize {
+        8
+    }
+    pub fn health_interval_ms() -> u64 {
+        2_000
+    }
+    pub fn down_cooldown_ms() -> u64 {
+        5_000
+    }
     pub fn connect_timeout_ms() -> u64 {
         5_000
     }
@@ -343,8 +371,37 @@ impl RouteConfig {
             apis: None,
             unsupported: Default::default(),
             embedded: Default::default(),
+            urls: Vec::new(),
+            policy: Policy::default(),
+            affinity_margin: defaults::affinity_margin(),
+            health_interval_ms: defaults::health_interval_ms(),
+            down_cooldown_ms: defaults::down_cooldown_ms(),
         }
     }
+
+    /// Every replica's base URL: `url`, then `urls`.
+    pub fn replica_urls(&self) -> Vec<String> {
+        std::iter::once(&self.url)
+            .filter(|u| !u.is_empty())
+            .chain(&self.urls)
+            .cloned()
+            .collect()
+    }
+}
+
+/// How a pool's replica is chosen (`policy`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// A rollout sticks to one replica (consistent hashing of its id), so
+    /// its KV and prefix cache stay warm; it is re-pinned when that replica
+    /// is down or loaded `affinity_margin` calls beyond the least-loaded.
+    #[default]
+    Affinity,
+    /// The healthy replica with the fewest calls in flight.
+    LeastLoaded,
+    /// Healthy replicas in turn.
+    RoundRobin,
 }
 
 impl Config {
@@ -401,17 +458,25 @@ impl Config {
                 return invalid(format!("route name {:?} is used twice", r.name));
             }
             if r.kind == RouteKind::Embedded {
-                if !r.url.is_empty() {
+                if !r.url.is_empty() || !r.urls.is_empty() {
                     return invalid(format!(
                         "route {:?}: an embedded route runs its model in-process and takes no url",
                         r.name
                     ));
                 }
-            } else if !(r.url.starts_with("http://") || r.url.starts_with("https://")) {
-                return invalid(format!(
-                    "route {:?}: url {:?} must start with http:// or https://",
-                    r.name, r.url
-                ));
+            } else {
+                let urls = r.replica_urls();
+                if urls.is_empty() {
+                    return invalid(format!("route {:?}: give url (or urls)", r.name));
+                }
+                for u in &urls {
+                    if !(u.starts_with("http://") || u.starts_with("https://")) {
+                        return invalid(format!(
+                            "route {:?}: url {u:?} must start with http:// or https://",
+                            r.name
+                        ));
+                    }
+                }
             }
             if r.response_timeout_secs <= 0.0 || r.idle_timeout_secs <= 0.0 {
                 return invalid(format!("route {:?}: timeouts must be positive", r.name));

@@ -181,6 +181,8 @@ pub fn to_rollout(row: &OrchardRow, rollout_id: &str, now: i64) -> (Vec<CallRow>
             "choices": [{"index": 0, "message": m, "finish_reason": if tool_calls.is_some() {"tool_calls"} else {"stop"}}]});
         let seq = calls.len() as i64;
         calls.push(CallRow {
+            replica: None,
+            repinned: false,
             call_id: uuid::Uuid::now_v7().to_string(),
             rollout_id: rollout_id.to_owned(),
             sequence: seq,

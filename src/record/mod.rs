@@ -235,6 +235,12 @@ pub struct CallOutcome {
     pub failure_message: Option<String>,
     pub first_byte_at: Option<i64>,
     pub done_at: i64,
+    /// The replica of the route's pool that served the call (its base URL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<String>,
+    /// The rollout was moved to this replica from the one it was pinned to.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub repinned: bool,
 }
 
 /// A rollout's outcome, from `POST /v1/rollouts/<id>/finish`.

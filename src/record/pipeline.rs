@@ -215,6 +215,8 @@ mod tests {
             failure_message: None,
             first_byte_at: None,
             done_at: 2,
+            replica: None,
+            repinned: false,
         };
         let begin = CallBegin {
             meta,

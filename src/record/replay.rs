@@ -223,6 +223,8 @@ mod tests {
                 failure_message: None,
                 first_byte_at: None,
                 done_at: 2,
+                replica: None,
+                repinned: false,
             };
             let body: &[u8] = if i % 2 == 0 {
                 b"event: response.created\ndata: {\"type\":\"response.created\",\"response\":\"x\"}\n\n"

@@ -10,6 +10,10 @@ use serde_json::Value;
 /// One call, as stored in `calls/*.parquet`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CallRow {
+    /// The pool replica that served the call (its base URL, redacted).
+    pub replica: Option<String>,
+    /// The rollout was moved to `replica` from its pinned one.
+    pub repinned: bool,
     pub call_id: String,
     pub rollout_id: String,
     pub sequence: i64,
@@ -163,6 +167,8 @@ impl CallRow {
         let m = &c.begin.meta;
         let o = &c.outcome;
         CallRow {
+            replica: o.replica.clone(),
+            repinned: o.repinned,
             call_id: m.call_id.clone(),
             rollout_id: m.rollout_id.clone(),
             sequence: m.sequence,
@@ -343,6 +349,8 @@ mod tests {
                 failure_message: None,
                 first_byte_at: None,
                 done_at: 2,
+                replica: None,
+                repinned: false,
             },
             response: bytes::Bytes::from(response.to_owned()),
             upstream_response: None,

@@ -130,6 +130,8 @@ impl ShardRow for CallRow {
                     f("user_agent", DataType::Utf8, true),
                     f("upstream_api", DataType::Utf8, true),
                     f("upstream_response_raw", DataType::Binary, true),
+                    f("replica", DataType::Utf8, true),
+                    f("repinned", DataType::Boolean, false),
                 ],
                 meta.into_iter()
                     .collect::<std::collections::HashMap<String, String>>(),
@@ -193,6 +195,10 @@ impl ShardRow for CallRow {
             strs(rows.iter().map(|r| r.upstream_api.as_deref())),
             Arc::new(BinaryArray::from_iter(
                 rows.iter().map(|r| r.upstream_response_raw.as_deref()),
+            )),
+            strs(rows.iter().map(|r| r.replica.as_deref())),
+            Arc::new(BooleanArray::from_iter(
+                rows.iter().map(|r| Some(r.repinned)),
             )),
         ];
         RecordBatch::try_new(Self::schema(), cols).expect("columns match the calls schema")

@@ -275,6 +275,8 @@ pub(crate) fn interrupted(meta: &CallMeta, at: i64) -> CallOutcome {
         failure_message: Some("the proxy stopped while this call was in flight".into()),
         first_byte_at: None,
         done_at: at.max(meta.received_at),
+        replica: None,
+        repinned: false,
     }
 }
 

@@ -144,8 +144,9 @@ async fn models(state: &State, req: Request<Incoming>) -> Response<ProxyBody> {
     let headers = upstream_headers(req.headers(), state.client_keys.is_some());
     let upstream_err = match state.routes.default_route() {
         Some(route) => match route
-            .send(Method::GET, "/models", headers, Bytes::new(), false)
+            .send(Method::GET, "/models", headers, Bytes::new(), false, None)
             .await
+            .map(|s| s.resp)
         {
             Ok(mut resp) if resp.status().is_success() => {
                 let ct = resp

@@ -1,6 +1,10 @@
 //! Upstream routes: which model server a call goes to, and the client that
-//! takes it there. Connection errors are retried; nothing else is (a model
-//! call is not idempotent once the server has seen it).
+//! takes it there. A route is a pool of one or more replicas ([`pool`]).
+//! Connection errors are retried, on another replica when the pool has
+//! one; nothing else is (a model call is not idempotent once the server has
+//! seen it).
+
+pub mod pool;
 
 use crate::config::{ConfigError, RouteConfig, RouteKind};
 use crate::dialect::capture::CaptureKind;
@@ -8,6 +12,7 @@ use crate::dialect::translate::Unsupported;
 use crate::dialect::WireApi;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method};
+pub use pool::Lease;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,9 +34,10 @@ pub enum UpstreamError {
 /// One named upstream.
 pub struct Route {
     pub name: String,
-    base_url: String,
-    /// `base_url` + each API endpoint, parsed once.
-    endpoint_urls: Vec<(&'static str, reqwest::Url)>,
+    pub pool: pool::Pool,
+    /// Per replica: its base URL + each API endpoint, parsed once.
+    endpoint_urls: Vec<Vec<(&'static str, reqwest::Url)>>,
+    health_interval: Duration,
     api_key: Option<String>,
     patterns: Vec<String>,
     model_map: BTreeMap<String, String>,
@@ -62,9 +68,12 @@ impl Route {
         if let Some(k) = &api_key {
             crate::redact::register_secret(k);
         }
-        if let Ok(u) = reqwest::Url::parse(&c.url) {
-            if let Some(p) = u.password() {
-                crate::redact::register_secret(p);
+        let urls = c.replica_urls();
+        for url in &urls {
+            if let Ok(u) = reqwest::Url::parse(url) {
+                if let Some(p) = u.password() {
+                    crate::redact::register_secret(p);
+                }
             }
         }
         // TLS to https upstreams uses rustls with the `ring` provider.
@@ -81,27 +90,39 @@ impl Route {
             .retry(reqwest::retry::never())
             .build()
             .map_err(|e| ConfigError::Invalid(format!("route {:?}: {e}", c.name)))?;
-        let base_url = c.url.trim_end_matches('/').to_owned();
-        let endpoint_urls = [
-            "/chat/completions",
-            "/responses",
-            "/completions",
-            "/messages",
-            "/models",
-        ]
-        .into_iter()
-        .map(|e| {
-            reqwest::Url::parse(&format!("{base_url}{e}"))
-                .map(|u| (e, u))
-                .map_err(|err| {
-                    ConfigError::Invalid(format!("route {:?}: url {:?}: {err}", c.name, c.url))
+        let endpoint_urls = urls
+            .iter()
+            .map(|url| {
+                let base = url.trim_end_matches('/');
+                [
+                    "/chat/completions",
+                    "/responses",
+                    "/completions",
+                    "/messages",
+                    "/models",
+                ]
+                .into_iter()
+                .map(|e| {
+                    reqwest::Url::parse(&format!("{base}{e}"))
+                        .map(|u| (e, u))
+                        .map_err(|err| {
+                            ConfigError::Invalid(format!("route {:?}: url {url:?}: {err}", c.name))
+                        })
                 })
-        })
-        .collect::<Result<_, _>>()?;
+                .collect::<Result<Vec<_>, _>>()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let pool = pool::Pool::new(
+            &urls,
+            c.policy,
+            c.affinity_margin,
+            Duration::from_millis(c.down_cooldown_ms),
+        );
         Ok(Self {
             name: c.name.clone(),
             endpoint_urls,
-            base_url,
+            pool,
+            health_interval: Duration::from_millis(c.health_interval_ms),
             api_key,
             patterns: c.models.clone(),
             model_map: c.model_map.clone(),
@@ -195,8 +216,11 @@ impl Route {
         }
     }
 
-    /// Send a request to `base_url + endpoint`, retrying connection errors,
-    /// and wait (at most `response_timeout`) for the response head.
+    /// Send a request to a replica's `url + endpoint` and wait (at most
+    /// `response_timeout`) for the response head. The replica is the pool's
+    /// pick for `rollout`; a connection error marks it down and the call
+    /// goes to the next one (a pool of one retries it `connect_retries`
+    /// times). A 5xx answer marks the replica down and is passed on.
     /// `translated`: the body is a translation into another API than the
     /// harness's.
     pub async fn send(
@@ -206,33 +230,56 @@ impl Route {
         mut headers: HeaderMap,
         body: Bytes,
         translated: bool,
-    ) -> Result<reqwest::Response, UpstreamError> {
+        rollout: Option<&str>,
+    ) -> Result<Sent, UpstreamError> {
         self.place_key(&mut headers, translated);
         if self.kind == RouteKind::Anthropic && !headers.contains_key("anthropic-version") {
             headers.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
         }
-        let url = match self.endpoint_urls.iter().find(|(e, _)| *e == endpoint) {
-            Some((_, u)) => u.clone(),
-            None => reqwest::Url::parse(&format!("{}{endpoint}", self.base_url))
-                .map_err(|e| UpstreamError::Request(format!("bad upstream URL: {e}")))?,
-        };
+        let single = self.pool.replicas().len() == 1;
+        let mut tried: Vec<usize> = Vec::new();
         let mut attempt = 0;
+        let mut last = UpstreamError::Connect("the route has no replica".into());
+        let mut repinned = false;
         loop {
+            let Some(mut lease) = self.pool.pick(rollout, &tried) else {
+                return Err(last);
+            };
+            repinned |= lease.repinned;
+            lease.repinned = repinned;
+            let urls = &self.endpoint_urls[lease.index];
+            let url = match urls.iter().find(|(e, _)| *e == endpoint) {
+                Some((_, u)) => u.clone(),
+                None => reqwest::Url::parse(&format!("{}{endpoint}", lease.replica.url))
+                    .map_err(|e| UpstreamError::Request(format!("bad upstream URL: {e}")))?,
+            };
             let req = self
                 .client
-                .request(method.clone(), url.clone())
+                .request(method.clone(), url)
                 .headers(headers.clone())
                 .body(body.clone());
             match tokio::time::timeout(self.response_timeout, req.send()).await {
                 Err(_) => return Err(UpstreamError::Timeout(self.response_timeout)),
-                Ok(Ok(resp)) => return Ok(resp),
-                Ok(Err(e)) if e.is_connect() && attempt < self.connect_retries => {
+                Ok(Ok(resp)) => {
+                    if resp.status().is_server_error() && !single {
+                        self.pool.mark_down(lease.index);
+                    }
+                    return Ok(Sent { resp, lease });
+                }
+                Ok(Err(e)) if e.is_connect() && single && attempt < self.connect_retries => {
                     attempt += 1;
                     tracing::debug!(route = %self.name, attempt, error = %e, "retrying upstream connect");
                     tokio::time::sleep(Duration::from_millis(50 << attempt.min(6))).await;
                 }
                 Ok(Err(e)) if e.is_connect() => {
-                    return Err(UpstreamError::Connect(error_chain(&e)))
+                    last = UpstreamError::Connect(error_chain(&e));
+                    if single {
+                        return Err(last);
+                    }
+                    tracing::warn!(route = %self.name, replica = %crate::redact::redacted(&lease.replica.url), error = %last, "replica unreachable; failing over");
+                    self.pool.mark_down(lease.index);
+                    tried.push(lease.index);
+                    repinned = rollout.is_some();
                 }
                 Ok(Err(e)) if e.is_timeout() => {
                     return Err(UpstreamError::Timeout(self.response_timeout))
@@ -241,6 +288,46 @@ impl Route {
             }
         }
     }
+
+    /// Probe every replica of a pool (`GET <url>/models`) every
+    /// `health_interval_ms`, for as long as the route lives. A pool of one
+    /// is not probed: it has nowhere else to send a call.
+    pub fn start_health(self: &Arc<Self>) {
+        if self.pool.replicas().len() < 2 || self.health_interval.is_zero() {
+            return;
+        }
+        let route = Arc::downgrade(self);
+        let every = self.health_interval;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(r) = route.upgrade() else { return };
+                for i in 0..r.pool.replicas().len() {
+                    let Some((_, url)) = r.endpoint_urls[i].iter().find(|(e, _)| *e == "/models")
+                    else {
+                        continue;
+                    };
+                    let probe = r
+                        .client
+                        .get(url.clone())
+                        .timeout(every.min(Duration::from_secs(2)));
+                    match probe.send().await {
+                        Ok(resp) if !resp.status().is_server_error() => r.pool.mark_up(i),
+                        _ => r.pool.down_for(i, every * 2),
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// An upstream's answer head, and the replica that gave it (counted in
+/// flight until the call is done with it).
+pub struct Sent {
+    pub resp: reqwest::Response,
+    pub lease: Lease,
 }
 
 /// An error and its sources on one line, redacted: an HTTP client's error

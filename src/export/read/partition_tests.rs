@@ -10,6 +10,8 @@ use crate::record::CallRow;
 
 pub(crate) fn call_row(rollout: &str, seq: i64) -> CallRow {
     CallRow {
+        replica: None,
+        repinned: false,
         call_id: format!("{rollout}-{seq}"),
         rollout_id: rollout.into(),
         sequence: seq,

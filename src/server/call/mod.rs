@@ -82,10 +82,20 @@ pub async fn proxy(
     let headers = upstream_headers(&parts.headers, state.client_keys.is_some());
     let sent = p
         .route
-        .send(Method::POST, &p.endpoint, headers, body, translated)
+        .send(
+            Method::POST,
+            &p.endpoint,
+            headers,
+            body,
+            translated,
+            Some(rollout),
+        )
         .await;
     let resp = match sent {
-        Ok(r) => r,
+        Ok(s) => {
+            call.set_lease(s.lease);
+            s.resp
+        }
         Err(e) => return call.fail(e.into()).await,
     };
     call.mark_first_byte();

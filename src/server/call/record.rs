@@ -32,6 +32,9 @@ pub struct Call {
     ended: bool,
     /// The upstream's body, recorded beside the harness's when they differ.
     pub upstream_response: Option<Bytes>,
+    /// The replica serving the call, counted in flight until the call is
+    /// dropped.
+    lease: Option<crate::upstream::Lease>,
 }
 
 impl Call {
@@ -45,6 +48,7 @@ impl Call {
             began: false,
             begin_written: None,
             ended: false,
+            lease: None,
             upstream_response: None,
         }
     }
@@ -118,7 +122,18 @@ impl Call {
             failure_message,
             first_byte_at: self.first_byte_at,
             done_at: crate::now_micros(),
+            replica: self
+                .lease
+                .as_ref()
+                .map(|l| crate::redact::redacted(&l.replica.url)),
+            repinned: self.lease.as_ref().is_some_and(|l| l.repinned),
         }
+    }
+
+    /// The replica that answered: recorded, and held in flight until the
+    /// call is done.
+    pub fn set_lease(&mut self, lease: crate::upstream::Lease) {
+        self.lease = Some(lease);
     }
 
     /// Record the call's end; returns once it is in the WAL. When the WAL
