@@ -73,6 +73,9 @@ fn call_row(
     let messages = Value::Array(msgs.to_vec()).to_string();
     CallRow {
         replica: None,
+        policy_version: None,
+        policy_version_end: None,
+        resent: 0,
         repinned: false,
         call_id: format!("{rid}-{seq:04}"),
         rollout_id: rid.to_owned(),

@@ -46,7 +46,11 @@ pub async fn build(mut config: Config) -> Result<Server, StartError> {
         r.start_health();
     }
     let client_keys = match &config.server.client_keys_env {
-        Some(var) => Some(client_keys(var)?),
+        Some(var) => Some(keys_in("server.client_keys_env", var)?),
+        None => None,
+    };
+    let admin_keys = match &config.server.admin_keys_env {
+        Some(var) => Some(keys_in("server.admin_keys_env", var)?),
         None => None,
     };
     let (recorder, recorder_task, recovered) = Recorder::start(&config.shards)?;
@@ -66,16 +70,18 @@ pub async fn build(mut config: Config) -> Result<Server, StartError> {
         recorder_task,
         next_sequence: recovered.next_sequence,
         client_keys,
+        admin_keys,
     })
     .await?;
     Ok(server)
 }
 
-/// The client keys in environment variable `var`, comma-separated; each is
-/// registered with the redactor so that no log or row shows it.
-fn client_keys(var: &str) -> Result<HashSet<String>, ConfigError> {
+/// The keys in environment variable `var` (named by setting `what`),
+/// comma-separated; each is registered with the redactor so that no log or
+/// row shows it.
+fn keys_in(what: &str, var: &str) -> Result<HashSet<String>, ConfigError> {
     let v = std::env::var(var)
-        .map_err(|_| ConfigError::Invalid(format!("server.client_keys_env: {var} is not set")))?;
+        .map_err(|_| ConfigError::Invalid(format!("{what}: {var} is not set")))?;
     let keys: HashSet<String> = v
         .split(',')
         .map(str::trim)

@@ -67,6 +67,14 @@ pub struct ServerConfig {
     /// When set, every call must present one of them (as `Authorization:
     /// Bearer` or `x-api-key`).
     pub client_keys_env: Option<String>,
+    /// Name of an environment variable holding comma-separated admin keys,
+    /// the only keys `/v1/admin/*` (pause, resume, status) accepts; with
+    /// none configured those endpoints are refused. A client key is never
+    /// an admin key.
+    pub admin_keys_env: Option<String>,
+    /// Longest a call waits at a paused route (`hold`) before it is answered
+    /// 503 with `Retry-After`.
+    pub pause_max_wait_secs: f64,
     /// Seconds to wait for in-flight calls on shutdown.
     pub shutdown_grace_secs: u64,
 }
@@ -83,6 +91,8 @@ impl Default for ServerConfig {
             queue_timeout_secs: 30.0,
             client_idle_timeout_secs: 300.0,
             client_keys_env: None,
+            admin_keys_env: None,
+            pause_max_wait_secs: 600.0,
             shutdown_grace_secs: 30,
         }
     }

@@ -182,6 +182,9 @@ pub fn to_rollout(row: &OrchardRow, rollout_id: &str, now: i64) -> (Vec<CallRow>
         let seq = calls.len() as i64;
         calls.push(CallRow {
             replica: None,
+            policy_version: None,
+            policy_version_end: None,
+            resent: 0,
             repinned: false,
             call_id: uuid::Uuid::now_v7().to_string(),
             rollout_id: rollout_id.to_owned(),

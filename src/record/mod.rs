@@ -241,6 +241,20 @@ pub struct CallOutcome {
     /// The rollout was moved to this replica from the one it was pinned to.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub repinned: bool,
+    /// The route's policy version when the call was sent, and when it
+    /// ended (`POST /v1/admin/resume`); they differ for a call that spanned
+    /// a weight update.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_version: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy_version_end: Option<i64>,
+    /// Times the call was cut by an `abort` pause and sent again.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub resent: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A rollout's outcome, from `POST /v1/rollouts/<id>/finish`.

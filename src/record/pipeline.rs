@@ -217,6 +217,9 @@ mod tests {
             done_at: 2,
             replica: None,
             repinned: false,
+            policy_version: None,
+            policy_version_end: None,
+            resent: 0,
         };
         let begin = CallBegin {
             meta,

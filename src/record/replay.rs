@@ -225,6 +225,9 @@ mod tests {
                 done_at: 2,
                 replica: None,
                 repinned: false,
+                policy_version: None,
+                policy_version_end: None,
+                resent: 0,
             };
             let body: &[u8] = if i % 2 == 0 {
                 b"event: response.created\ndata: {\"type\":\"response.created\",\"response\":\"x\"}\n\n"

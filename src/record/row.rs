@@ -14,6 +14,11 @@ pub struct CallRow {
     pub replica: Option<String>,
     /// The rollout was moved to `replica` from its pinned one.
     pub repinned: bool,
+    /// The policy version the call was sent under, and the one when it ended.
+    pub policy_version: Option<i64>,
+    pub policy_version_end: Option<i64>,
+    /// Times an `abort` pause cut the call and it was sent again.
+    pub resent: i32,
     pub call_id: String,
     pub rollout_id: String,
     pub sequence: i64,
@@ -169,6 +174,9 @@ impl CallRow {
         CallRow {
             replica: o.replica.clone(),
             repinned: o.repinned,
+            policy_version: o.policy_version,
+            policy_version_end: o.policy_version_end,
+            resent: i32::try_from(o.resent).unwrap_or(i32::MAX),
             call_id: m.call_id.clone(),
             rollout_id: m.rollout_id.clone(),
             sequence: m.sequence,
@@ -351,6 +359,9 @@ mod tests {
                 done_at: 2,
                 replica: None,
                 repinned: false,
+                policy_version: None,
+                policy_version_end: None,
+                resent: 0,
             },
             response: bytes::Bytes::from(response.to_owned()),
             upstream_response: None,

@@ -132,6 +132,10 @@ impl ShardRow for CallRow {
                     f("upstream_response_raw", DataType::Binary, true),
                     f("replica", DataType::Utf8, true),
                     f("repinned", DataType::Boolean, false),
+                    f("policy_version", DataType::Int64, true),
+                    f("policy_version_end", DataType::Int64, true),
+                    f("spanned_update", DataType::Boolean, false),
+                    f("resent", DataType::Int32, false),
                 ],
                 meta.into_iter()
                     .collect::<std::collections::HashMap<String, String>>(),
@@ -200,6 +204,12 @@ impl ShardRow for CallRow {
             Arc::new(BooleanArray::from_iter(
                 rows.iter().map(|r| Some(r.repinned)),
             )),
+            i64s(rows.iter().map(|r| r.policy_version)),
+            i64s(rows.iter().map(|r| r.policy_version_end)),
+            Arc::new(BooleanArray::from_iter(rows.iter().map(|r| {
+                Some(r.resent > 0 || r.policy_version != r.policy_version_end)
+            }))),
+            Arc::new(Int32Array::from_iter(rows.iter().map(|r| Some(r.resent)))),
         ];
         RecordBatch::try_new(Self::schema(), cols).expect("columns match the calls schema")
     }

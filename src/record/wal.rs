@@ -277,6 +277,9 @@ pub(crate) fn interrupted(meta: &CallMeta, at: i64) -> CallOutcome {
         done_at: at.max(meta.received_at),
         replica: None,
         repinned: false,
+        policy_version: None,
+        policy_version_end: None,
+        resent: 0,
     }
 }
 

@@ -13,8 +13,10 @@
 
 mod admin;
 pub mod call;
+mod control;
 mod layer;
 pub mod metrics;
+pub mod pause;
 mod router;
 pub mod sequencer;
 mod stack;
@@ -46,6 +48,8 @@ pub struct Parts {
     pub next_sequence: HashMap<String, i64>,
     /// Accepted client keys, when keys are required.
     pub client_keys: Option<HashSet<String>>,
+    /// Accepted admin keys; `None` refuses `/v1/admin/*`.
+    pub admin_keys: Option<HashSet<String>>,
 }
 
 /// could not listen on {addr}: {source}
@@ -74,6 +78,7 @@ impl Server {
         let addr = listener
             .local_addr()
             .map_err(|source| ListenError { addr, source })?;
+        let gates = pause::Gates::new(p.routes.all().iter().map(|r| r.name.as_str()));
         let state = Arc::new(State {
             metrics: metrics::Metrics::new(p.recorder.stats.clone()),
             sequencer: Sequencer::new(p.next_sequence),
@@ -83,6 +88,8 @@ impl Server {
             routes: p.routes,
             recorder: p.recorder,
             client_keys: p.client_keys,
+            admin_keys: p.admin_keys,
+            gates,
             tasks: tokio_util::task::TaskTracker::new(),
         });
         Ok(Server {

@@ -60,6 +60,7 @@ async fn route(state: Arc<State>, mut req: Request<Incoming>) -> Response<ProxyB
     };
     match d.kind {
         Kind::Health | Kind::Admin => admin::handle(state, req).await,
+        Kind::Control => super::control::handle(state, req).await,
         Kind::Malformed(err) => call::reject(&state, d.api, None, &err).await,
         Kind::Refused(api, err) => call::reject(&state, api, None, &err).await,
         Kind::Call => {

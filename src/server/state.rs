@@ -19,6 +19,10 @@ pub struct State {
     pub metrics: Metrics,
     /// Accepted client keys, when keys are required.
     pub client_keys: Option<HashSet<String>>,
+    /// Accepted admin keys (`/v1/admin/*`); `None`: admin is refused.
+    pub admin_keys: Option<HashSet<String>>,
+    /// Each route's weight-sync gate.
+    pub gates: super::pause::Gates,
     /// Tasks that outlive their request (stream pumps, the records of
     /// dropped calls): shutdown waits for them.
     pub tasks: TaskTracker,

@@ -11,6 +11,9 @@ use crate::record::CallRow;
 pub(crate) fn call_row(rollout: &str, seq: i64) -> CallRow {
     CallRow {
         replica: None,
+        policy_version: None,
+        policy_version_end: None,
+        resent: 0,
         repinned: false,
         call_id: format!("{rollout}-{seq}"),
         rollout_id: rollout.into(),

@@ -59,6 +59,9 @@ pub enum ProxyError {
     /// refused before it was proxied (client key, rollout id, path, no slot)
     #[error("{}", .0.message)]
     Refused(ApiError),
+    /// the route is paused for a weight update and stayed paused past {0:?}
+    #[error("the route is paused for a weight update and stayed paused past {0:?} (server.pause_max_wait_secs)")]
+    Held(Duration),
 }
 
 impl ProxyError {
@@ -112,6 +115,7 @@ impl ProxyError {
                 )
             }
             Self::Unrecorded(e) => (C::Internal, crate::record::unrecorded_error(e)),
+            Self::Held(_) => (C::Overloaded, server(503, "paused")),
             Self::Refused(err) => {
                 let class = match err.status {
                     401 | 403 => C::Unauthorized,

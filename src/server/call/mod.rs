@@ -80,17 +80,41 @@ pub async fn proxy(
     let mut call = Call::new(&state, api, p.begin, started);
     call.log_begin().await;
     let headers = upstream_headers(&parts.headers, state.client_keys.is_some());
-    let sent = p
-        .route
-        .send(
+    let gate = state.gates.get(&p.route.name).cloned();
+    let max_wait = std::time::Duration::from_secs_f64(state.server.pause_max_wait_secs);
+    // Weight sync: wait while the route is paused; an `abort` pause cuts
+    // the call upstream until the resume, and it goes again.
+    let sent = loop {
+        if let Some(g) = &gate {
+            match g.open(max_wait).await {
+                Ok(version) => call.sent_under(g, version),
+                Err(held) => {
+                    let mut resp = call.fail(ProxyError::Held(held.0)).await;
+                    resp.headers_mut()
+                        .insert(header::RETRY_AFTER, http::HeaderValue::from_static("5"));
+                    return resp;
+                }
+            }
+        }
+        let send = p.route.send(
             Method::POST,
             &p.endpoint,
-            headers,
-            body,
+            headers.clone(),
+            body.clone(),
             translated,
             Some(rollout),
-        )
-        .await;
+        );
+        match &gate {
+            Some(g) => tokio::select! {
+                sent = send => break sent,
+                () = g.aborted() => {
+                    tracing::info!(route = %p.route.name, "call cut by an abort pause; it goes again after the resume");
+                    call.cut();
+                }
+            },
+            None => break send.await,
+        }
+    };
     let resp = match sent {
         Ok(s) => {
             call.set_lease(s.lease);

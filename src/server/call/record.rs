@@ -35,6 +35,11 @@ pub struct Call {
     /// The replica serving the call, counted in flight until the call is
     /// dropped.
     lease: Option<crate::upstream::Lease>,
+    /// The route's weight-sync gate, and the policy version the call was
+    /// sent under.
+    gate: Option<Arc<crate::server::pause::Gate>>,
+    policy_version: Option<i64>,
+    resent: u32,
 }
 
 impl Call {
@@ -49,6 +54,9 @@ impl Call {
             begin_written: None,
             ended: false,
             lease: None,
+            gate: None,
+            policy_version: None,
+            resent: 0,
             upstream_response: None,
         }
     }
@@ -127,7 +135,24 @@ impl Call {
                 .as_ref()
                 .map(|l| crate::redact::redacted(&l.replica.url)),
             repinned: self.lease.as_ref().is_some_and(|l| l.repinned),
+            policy_version: self.policy_version,
+            policy_version_end: self
+                .policy_version
+                .and(self.gate.as_ref())
+                .map(|g| g.version()),
+            resent: self.resent,
         }
+    }
+
+    /// The call is (about to be) sent under `version` of `gate`'s route.
+    pub fn sent_under(&mut self, gate: &Arc<crate::server::pause::Gate>, version: i64) {
+        self.gate = Some(gate.clone());
+        self.policy_version = Some(version);
+    }
+
+    /// An `abort` pause cut the call; it goes again after the resume.
+    pub fn cut(&mut self) {
+        self.resent += 1;
     }
 
     /// The replica that answered: recorded, and held in flight until the

@@ -18,6 +18,8 @@ pub enum Kind {
     Malformed(ApiError),
     /// A rollout's finish, `/v1/models`.
     Admin,
+    /// `/v1/admin/*`: weight sync (pause, resume, status), behind admin keys.
+    Control,
     /// A call to proxy.
     Call,
     /// Refused for its path or method (after the key check), answered in
@@ -51,6 +53,9 @@ pub fn classify(method: &Method, path: &str) -> Dispatch {
     let of = |kind, api, rollout| Dispatch { kind, api, rollout };
     if matches!(path, "/healthz" | "/metrics") && method == Method::GET {
         return of(Kind::Health, chat, None);
+    }
+    if path.starts_with("/v1/admin/") {
+        return of(Kind::Control, chat, None);
     }
     let (rollout, rest) = match path.strip_prefix("/rollouts/") {
         Some(r) => match r.split_once('/') {
@@ -135,6 +140,7 @@ mod tests {
             Kind::Health => "health".to_owned(),
             Kind::Malformed(e) => format!("malformed {}", e.code),
             Kind::Admin => "admin".to_owned(),
+            Kind::Control => "control".to_owned(),
             Kind::Call => format!("call {}", d.api.as_str()),
             Kind::Refused(api, e) => format!("refused {} {}", e.code, api.as_str()),
         };

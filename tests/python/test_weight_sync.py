@@ -1,0 +1,136 @@
+"""Weight sync on loopback: `POST /v1/admin/pause` (hold or abort) and
+`/v1/admin/resume` with a policy version, against the scripted model
+server. Every harness call completes; the rows say which policy version
+each call ran under and whether it spanned an update."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import rollcall_harness as h
+
+ADMIN = "admin-secret"
+CLIENT = "client-secret"
+
+
+def toml(max_wait: float = 60.0) -> str:
+    return f"""
+[server]
+admin_keys_env = "TEST_ADMIN_KEYS"
+client_keys_env = "TEST_CLIENT_KEYS"
+pause_max_wait_secs = {max_wait}
+[shards]
+max_age_secs = 0.2
+max_rows = 100000
+"""
+
+
+def proxy_with_keys(make_proxy, max_wait: float = 60.0):
+    return make_proxy(toml=toml(max_wait), env={"TEST_ADMIN_KEYS": ADMIN, "TEST_CLIENT_KEYS": CLIENT})
+
+
+def admin(base: str, method: str, path: str, body: dict | None = None, key: str = ADMIN) -> h.RawResponse:
+    headers = {"Authorization": f"Bearer {key}"}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    return h.raw_request(base, method, path, json.dumps(body).encode() if body is not None else None, headers)
+
+
+def chat(base: str, rollout: str, text: str, stream: bool = False, model: str = "m") -> h.RawResponse:
+    body = {"model": model, "messages": [{"role": "user", "content": text}], "stream": stream}
+    return h.post_json(base, f"/rollouts/{rollout}/v1/chat/completions", body,
+                       headers={"Authorization": f"Bearer {CLIENT}"}, timeout=60)
+
+
+def in_thread(fn, *args):
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("r", fn(*args)))
+    t.start()
+    return t, out
+
+
+def rows(proxy) -> list[dict]:
+    h.wait_for_shards(proxy.url)
+    return h.duck_dicts(proxy.shards, "SELECT rollout_id, status, http_status, policy_version, policy_version_end, "
+                                      "spanned_update, resent FROM t ORDER BY rollout_id")
+
+
+def wait_held(base: str, n: int) -> None:
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        st = admin(base, "GET", "/v1/admin/status").json()
+        if sum(r["held_calls"] for r in st["routes"].values()) >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{n} calls were never held: {st}")
+
+
+def test_admin_takes_admin_keys_only(make_proxy):
+    p = proxy_with_keys(make_proxy)
+    assert admin(p.url, "GET", "/v1/admin/status").status == 200
+    assert admin(p.url, "GET", "/v1/admin/status", key=CLIENT).status == 401
+    assert admin(p.url, "POST", "/v1/admin/pause", {"mode": "sideways"}).status == 400
+    assert admin(p.url, "POST", "/v1/admin/pause", {"mode": "hold", "route": "nope"}).status == 404
+    # No admin keys configured: refused outright.
+    plain = make_proxy(name="plain")
+    r = admin(plain.url, "POST", "/v1/admin/pause", {"mode": "hold"})
+    assert r.status == 403 and "admin_keys_env" in r.body.decode()
+
+
+def test_hold_waits_and_every_call_completes_with_its_version(make_proxy):
+    p = proxy_with_keys(make_proxy)
+    # A call in flight when the pause begins finishes; it spans the update.
+    early, early_out = in_thread(chat, p.url, "early", "slow one", False, "m@ttfb_ms=1500")
+    time.sleep(0.3)
+    assert admin(p.url, "POST", "/v1/admin/pause", {"mode": "hold"}).json()["routes"]
+    held = [in_thread(chat, p.url, f"held-{i}", f"call {i}", i % 2 == 1) for i in range(4)]
+    wait_held(p.url, 4)
+    assert all(t.is_alive() for t, _ in held)
+    st = admin(p.url, "POST", "/v1/admin/resume", {"policy_version": 3}).json()
+    assert all(r["paused"] is None and r["policy_version"] == 3 for r in st["routes"].values())
+    for t, out in held + [(early, early_out)]:
+        t.join(30)
+        assert out["r"].status == 200, out["r"].body
+    by = {r["rollout_id"]: r for r in rows(p)}
+    assert (by["early"]["policy_version"], by["early"]["policy_version_end"], by["early"]["spanned_update"]) == (0, 3, True)
+    for i in range(4):
+        r = by[f"held-{i}"]
+        assert (r["status"], r["policy_version"], r["policy_version_end"], r["spanned_update"], r["resent"]) == \
+            ("ok", 3, 3, False, 0), r
+
+
+def test_abort_cuts_and_resends_without_the_harness_seeing_an_error(make_proxy):
+    p = proxy_with_keys(make_proxy)
+    slow, out = in_thread(chat, p.url, "cut", "slow one", False, "m@ttfb_ms=1500")
+    time.sleep(0.3)
+    admin(p.url, "POST", "/v1/admin/pause", {"mode": "abort"})
+    time.sleep(0.5)
+    assert slow.is_alive()
+    admin(p.url, "POST", "/v1/admin/resume", {"policy_version": 5})
+    slow.join(30)
+    assert out["r"].status == 200, out["r"].body
+    assert "Reply to: slow one" in out["r"].body.decode()
+    (r,) = rows(p)
+    assert (r["status"], r["policy_version"], r["policy_version_end"], r["resent"], r["spanned_update"]) == \
+        ("ok", 5, 5, 1, True), r
+
+
+def test_a_call_held_too_long_gets_its_own_apis_503(make_proxy):
+    p = proxy_with_keys(make_proxy, max_wait=0.5)
+    admin(p.url, "POST", "/v1/admin/pause", {"mode": "hold"})
+    r = chat(p.url, "late", "hello")
+    assert r.status == 503 and r.headers.get("retry-after") == "5"
+    assert r.json()["error"]["code"] == "paused"
+    m = h.post_json(p.url, "/rollouts/late-m/v1/messages",
+                    {"model": "claude-x", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]},
+                    headers={"x-api-key": CLIENT, "anthropic-version": "2023-06-01"})
+    assert m.status == 503 and m.json()["type"] == "error" and m.json()["error"]["type"]
+    admin(p.url, "POST", "/v1/admin/resume", {})
+    assert chat(p.url, "late", "again").status == 200
+    by = {}
+    for row in rows(p):
+        by.setdefault(row["rollout_id"], []).append(row)
+    # The refused call is recorded (failed, overloaded) beside the one that went through.
+    assert sorted(x["status"] for x in by["late"]) == ["failed", "ok"]
