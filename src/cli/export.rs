@@ -64,6 +64,11 @@ pub enum ExportCommand {
         /// (counted as missing_reward). Applied before --group-size.
         #[arg(long, value_enum, default_value = "drop")]
         missing_reward: crate::export::rl::MissingReward,
+        /// Keep samples whose every call ran under a policy at most N
+        /// versions older than the newest recorded (weight sync's
+        /// `policy_version`; counted as stale in the report).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(0..))]
+        max_staleness: Option<i64>,
     },
     /// Microsoft Orchard `swe` schema (messages, tools, metadata): OUT/orchard.parquet.
     Orchard {
@@ -138,6 +143,7 @@ pub fn export(command: ExportCommand) -> Result<(), Box<dyn std::error::Error>> 
             group_by,
             group_size,
             missing_reward,
+            max_staleness,
         } => {
             let opts = rl::RlOptions {
                 filters,
@@ -145,6 +151,7 @@ pub fn export(command: ExportCommand) -> Result<(), Box<dyn std::error::Error>> 
                 group_by,
                 group_size: group_size.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
                 missing_reward,
+                max_staleness,
             };
             let r = rl::export(&shards, &out, &opts)?;
             (out, r)

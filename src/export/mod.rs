@@ -240,6 +240,9 @@ pub struct Report {
     /// RL `--group-size N`: samples dropped (those of incomplete groups,
     /// and those past a group's first N).
     pub dropped_by_group_size: usize,
+    /// RL `--max-staleness N`: samples with a call more than N policy
+    /// versions older than the newest (or with no version recorded).
+    pub stale: usize,
     pub samples: usize,
     /// Sample count per rule.
     pub rules: BTreeMap<String, usize>,

@@ -6,8 +6,11 @@ each call ran under and whether it spanned an update."""
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
+
+import pyarrow.parquet as pq
 
 import rollcall_harness as h
 
@@ -134,3 +137,42 @@ def test_a_call_held_too_long_gets_its_own_apis_503(make_proxy):
         by.setdefault(row["rollout_id"], []).append(row)
     # The refused call is recorded (failed, overloaded) beside the one that went through.
     assert sorted(x["status"] for x in by["late"]) == ["failed", "ok"]
+
+
+def test_rl_export_carries_policy_versions_and_filters_stale_samples(make_proxy, upstream, tmp_path):
+    """Token-capturing route (vLLM-style ids from the scripted server): the
+    RL samples say which policy version each call ran under, and
+    `--max-staleness` drops the samples of an older policy."""
+    cfg = toml() + f'[[routes]]\nname = "policy"\nurl = "{upstream}/v1"\nkind = "vllm"\n'
+    p = make_proxy(toml=cfg, env={"TEST_ADMIN_KEYS": ADMIN, "TEST_CLIENT_KEYS": CLIENT})
+
+    def two_turns(rollout: str) -> None:
+        msgs = [{"role": "user", "content": f"{rollout} first"}]
+        r = h.post_json(p.url, f"/rollouts/{rollout}/v1/chat/completions", {"model": "m", "messages": msgs},
+                        headers={"Authorization": f"Bearer {CLIENT}"})
+        assert r.status == 200, r.body
+        msgs += [r.json()["choices"][0]["message"], {"role": "user", "content": "second"}]
+        r = h.post_json(p.url, f"/rollouts/{rollout}/v1/chat/completions", {"model": "m", "messages": msgs},
+                        headers={"Authorization": f"Bearer {CLIENT}"})
+        assert r.status == 200, r.body
+        fin = h.post_json(p.url, f"/v1/rollouts/{rollout}/finish", {"status": "completed", "reward": 1.0},
+                          headers={"Authorization": f"Bearer {CLIENT}"})
+        assert fin.status == 200, fin.body
+
+    two_turns("old")
+    admin(p.url, "POST", "/v1/admin/pause", {"mode": "hold"})
+    admin(p.url, "POST", "/v1/admin/resume", {"policy_version": 4})
+    two_turns("new")
+    h.wait_for_shards(p.url)
+    out = tmp_path / "rl"
+    subprocess.run([h.rollcall_bin(), "export", "rl", "--shards", str(p.shards), "--out", str(out)],
+                   check=True, capture_output=True)
+    t = {r["rollout_id"]: r for r in pq.read_table(out / "rl.parquet").to_pylist()}
+    assert (t["old"]["policy_versions"], t["old"]["policy_version"]) == ([0, 0], 0)
+    assert (t["new"]["policy_versions"], t["new"]["policy_version"]) == ([4, 4], 4)
+    fresh = tmp_path / "rl-fresh"
+    subprocess.run([h.rollcall_bin(), "export", "rl", "--shards", str(p.shards), "--out", str(fresh),
+                    "--max-staleness", "0"], check=True, capture_output=True)
+    kept = pq.read_table(fresh / "rl.parquet").to_pylist()
+    assert [r["rollout_id"] for r in kept] == ["new"]
+    assert json.loads((fresh / "rl_report.json").read_text())["stale"] == 1

@@ -49,6 +49,8 @@ pub struct CallRec {
     pub received_at: i64,
     pub prompt_tokens: Option<i64>,
     pub completion_tokens: Option<i64>,
+    /// The policy version the call was sent under (weight sync), when known.
+    pub policy_version: Option<i64>,
     /// Messages in the call's history, kept when `messages` is dropped on
     /// reading (the RL export's `Pass::tokens_only`).
     pub history_len: Option<i64>,
@@ -107,6 +109,7 @@ const CALL_COLUMNS: &[&str] = &[
     "received_at",
     "prompt_tokens",
     "completion_tokens",
+    "policy_version",
 ];
 
 fn shard_err(p: &Path, e: impl std::fmt::Display) -> ExportError {
@@ -242,6 +245,7 @@ pub fn for_each_call(
                     received_at: i64_at(col(&b, "received_at"), i).unwrap_or(0),
                     prompt_tokens: i64_at(col(&b, "prompt_tokens"), i),
                     completion_tokens: i64_at(col(&b, "completion_tokens"), i),
+                    policy_version: i64_at(col(&b, "policy_version"), i),
                     history_len: None,
                 })?;
                 n += 1;
@@ -279,6 +283,24 @@ pub fn read_rollouts(dir: &Path) -> Result<BTreeMap<String, RolloutInfo>, Export
         }
     }
     Ok(out)
+}
+
+/// The newest policy version any call ended under (`policy_version_end`),
+/// when the shards record one: what `export rl --max-staleness` measures
+/// staleness against.
+pub fn latest_policy_version(dir: &Path) -> Result<Option<i64>, ExportError> {
+    let mut latest: Option<i64> = None;
+    for path in shard_files(dir, "calls")? {
+        for batch in open_projected(&path, &["policy_version_end"])? {
+            let b = batch.map_err(|e| shard_err(&path, e))?;
+            for i in 0..b.num_rows() {
+                if let Some(v) = i64_at(col(&b, "policy_version_end"), i) {
+                    latest = Some(latest.map_or(v, |l| l.max(v)));
+                }
+            }
+        }
+    }
+    Ok(latest)
 }
 
 /// Total call rows, from the Parquet footers (no data read).

@@ -66,6 +66,7 @@ pub(super) fn encode(c: &CallRec, out: &mut Vec<u8>) {
     put_opt_i64(out, c.prompt_tokens);
     put_opt_i64(out, c.completion_tokens);
     put_opt_i64(out, c.history_len);
+    put_opt_i64(out, c.policy_version);
 }
 
 struct Cursor<'a>(&'a [u8]);
@@ -151,6 +152,7 @@ pub(super) fn decode(b: &[u8]) -> Option<CallRec> {
         prompt_tokens: c.opt_i64()?,
         completion_tokens: c.opt_i64()?,
         history_len: c.opt_i64()?,
+        policy_version: c.opt_i64()?,
     })
 }
 

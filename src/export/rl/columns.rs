@@ -32,6 +32,8 @@ enum Col {
     SlimeStatus,
     Model,
     Sequences,
+    PolicyVersions,
+    PolicyVersion,
     /// verl's `AgentLoopMetrics`, at its defaults (rollcall does not time them).
     VerlMetrics,
     /// A struct of rollcall's own columns (verl's `extra_fields`, slime's
@@ -47,6 +49,8 @@ const TAIL: &[(&str, Col)] = &[
     ("status", Col::Status),
     ("model", Col::Model),
     ("sequences", Col::Sequences),
+    ("policy_versions", Col::PolicyVersions),
+    ("policy_version", Col::PolicyVersion),
 ];
 
 fn columns(t: Trainer) -> Vec<(&'static str, Col)> {
@@ -144,6 +148,8 @@ fn field(name: &str, c: Col) -> Field {
         Col::Logprobs => (list_of(DataType::Float32), false),
         Col::Reward => (DataType::Float64, true),
         Col::Sequences => (list_of(DataType::Int64), false),
+        Col::PolicyVersions => (list_of(DataType::Int64), false),
+        Col::PolicyVersion => (DataType::Int64, true),
         Col::VerlMetrics => (DataType::Struct(verl_metrics_fields()), false),
         Col::Extra(group) => (DataType::Struct(extra_fields(group)), false),
     };
@@ -226,6 +232,17 @@ fn column(c: Col, rows: &[RlSample]) -> ArrayRef {
                 rows.iter().flat_map(|r| r.sequences.iter().copied()),
             )),
             None,
+        )),
+        Col::PolicyVersions => Arc::new(ListArray::new(
+            Arc::new(Field::new("item", DataType::Int64, true)),
+            OffsetBuffer::from_lengths(rows.iter().map(|r| r.policy_versions.len())),
+            Arc::new(Int64Array::from_iter(
+                rows.iter().flat_map(|r| r.policy_versions.iter().copied()),
+            )),
+            None,
+        )),
+        Col::PolicyVersion => Arc::new(Int64Array::from_iter(
+            rows.iter().map(RlSample::policy_version),
         )),
         // AgentLoopMetrics' own defaults: not measured.
         Col::VerlMetrics => Arc::new(StructArray::new(

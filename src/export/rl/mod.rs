@@ -63,6 +63,16 @@ pub struct RlSample {
     pub status: Option<String>,
     pub model: Option<String>,
     pub sequences: Vec<i64>,
+    /// The policy version each of `sequences` was sent under (weight sync;
+    /// null where not recorded): the version of each token span.
+    pub policy_versions: Vec<Option<i64>>,
+}
+
+impl RlSample {
+    /// The oldest policy version among the sample's calls.
+    pub fn policy_version(&self) -> Option<i64> {
+        self.policy_versions.iter().flatten().min().copied()
+    }
 }
 
 /// RL options.
@@ -75,6 +85,9 @@ pub struct RlOptions {
     /// output order (rollout id, then segment); groups with fewer dropped.
     pub group_size: Option<usize>,
     pub missing_reward: MissingReward,
+    /// Keep samples whose every call ran under a policy at most this many
+    /// versions older than the newest one in the shards.
+    pub max_staleness: Option<i64>,
 }
 
 /// What to do with a sample whose rollout has no reward (never finished, or
@@ -194,6 +207,7 @@ pub fn rollout_samples(
             status: meta.status,
             model: meta.model,
             sequences: seg_calls.iter().map(|c| c.sequence).collect(),
+            policy_versions: seg_calls.iter().map(|c| c.policy_version).collect(),
         });
     }
     out
@@ -284,6 +298,11 @@ pub fn export(shards: &Path, out: &Path, opts: &RlOptions) -> Result<Report, Exp
     };
     let mut whole = opts.group_size.map(GroupBuffer::new);
     let mut mm = vec![];
+    // Staleness is counted against the newest policy version recorded.
+    let oldest_kept = match opts.max_staleness {
+        Some(n) => read::latest_policy_version(shards)?.map(|latest| latest - n),
+        None => None,
+    };
     let pass = super::Pass {
         label: "export rl",
         group_by: opts.group_by.as_deref(),
@@ -291,6 +310,12 @@ pub fn export(shards: &Path, out: &Path, opts: &RlOptions) -> Result<Report, Exp
     };
     report.calls = super::each_rollout(shards, out, &rollouts, &pass, |calls, info| {
         for mut s in rollout_samples(calls, info, opts, &mut report, &mut mm) {
+            if let Some(oldest) = oldest_kept {
+                if s.policy_version().is_none_or(|v| v < oldest) {
+                    report.stale += 1;
+                    continue;
+                }
+            }
             if s.reward.is_none() {
                 match opts.missing_reward {
                     MissingReward::Drop => {

@@ -171,6 +171,7 @@ fn trainer_shapes_have_their_names() {
         status: None,
         model: None,
         sequences: vec![0],
+        policy_versions: vec![Some(3)],
     };
     for t in [
         Trainer::Generic,
