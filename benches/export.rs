@@ -76,6 +76,8 @@ fn call_row(
         policy_version: None,
         policy_version_end: None,
         resent: 0,
+        attempt: 0,
+        attempt_of: None,
         repinned: false,
         call_id: format!("{rid}-{seq:04}"),
         rollout_id: rid.to_owned(),

@@ -42,6 +42,8 @@ fn call(i: usize) -> CompletedCall {
                 received_at: 1_800_000_000_000_000,
                 user_agent: Some("bench".into()),
                 upstream_api: None,
+                attempt: 0,
+                attempt_of: None,
             },
             request: Bytes::from(request.to_string()),
             upstream_request: None,

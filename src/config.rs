@@ -114,6 +114,10 @@ pub enum Untagged {
 pub struct RolloutConfig {
     pub untagged: Untagged,
     pub default_rollout: String,
+    /// The same request body again from the same rollout within this many
+    /// seconds is a retry of its last call (an attempt, not a new turn);
+    /// an SDK's `x-stainless-retry-count` says so at any distance.
+    pub retry_window_secs: f64,
 }
 
 impl Default for RolloutConfig {
@@ -121,6 +125,7 @@ impl Default for RolloutConfig {
         Self {
             untagged: Untagged::Default,
             default_rollout: "untagged".into(),
+            retry_window_secs: 30.0,
         }
     }
 }
@@ -495,6 +500,20 @@ impl Config {
         if let Some(d) = &self.default_route {
             if !names.contains(d.as_str()) {
                 return invalid(format!("default_route {d:?} names no route"));
+            }
+        }
+        for (name, v) in [
+            (
+                "server.pause_max_wait_secs",
+                self.server.pause_max_wait_secs,
+            ),
+            (
+                "rollouts.retry_window_secs",
+                self.rollouts.retry_window_secs,
+            ),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return invalid(format!("{name} must be a number of seconds >= 0, got {v}"));
             }
         }
         if self.server.max_header_bytes < 8192 {

@@ -371,12 +371,36 @@ pub fn each_rollout(
                 continue;
             };
             let info = rollouts.get(&first.rollout_id);
+            let calls = latest_attempts(calls);
             each(&calls, info)?;
             progress.rollout();
         }
     }
     progress.finish();
     Ok(parts.rows)
+}
+
+/// A rollout's calls with every retried call reduced to one attempt: its
+/// last successful one, else its last one (`attempt_of` names the first
+/// attempt's sequence). Order is kept.
+pub fn latest_attempts(calls: Vec<CallRec>) -> Vec<CallRec> {
+    if calls.iter().all(|c| c.attempt_of.is_none()) {
+        return calls;
+    }
+    let logical = |c: &CallRec| c.attempt_of.unwrap_or(c.sequence);
+    let mut keep: BTreeMap<i64, (i64, bool)> = BTreeMap::new();
+    for c in &calls {
+        let ok = c.status == "ok";
+        let e = keep.entry(logical(c)).or_insert((c.sequence, ok));
+        // A later attempt wins unless it failed where an earlier succeeded.
+        if c.sequence >= e.0 && (ok || !e.1) {
+            *e = (c.sequence, ok);
+        }
+    }
+    calls
+        .into_iter()
+        .filter(|c| keep.get(&logical(c)).is_some_and(|k| k.0 == c.sequence))
+        .collect()
 }
 
 /// Create the output directory.
@@ -405,6 +429,28 @@ pub fn group_of(rollout_id: &str, info: Option<&RolloutInfo>, group_by: Option<&
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_retried_call_keeps_its_last_successful_attempt() {
+        let c = |seq: i64, of: Option<i64>, status: &str| CallRec {
+            rollout_id: "r".into(),
+            sequence: seq,
+            attempt_of: of,
+            status: status.into(),
+            ..Default::default()
+        };
+        let kept: Vec<i64> = latest_attempts(vec![
+            c(0, None, "failed"),
+            c(1, Some(0), "ok"),
+            c(2, None, "ok"),
+            c(3, None, "ok"),
+            c(4, Some(3), "failed"),
+        ])
+        .iter()
+        .map(|c| c.sequence)
+        .collect();
+        assert_eq!(kept, [1, 2, 3]);
+    }
 
     #[test]
     fn filters() {

@@ -185,6 +185,8 @@ pub fn to_rollout(row: &OrchardRow, rollout_id: &str, now: i64) -> (Vec<CallRow>
             policy_version: None,
             policy_version_end: None,
             resent: 0,
+            attempt: 0,
+            attempt_of: None,
             repinned: false,
             call_id: uuid::Uuid::now_v7().to_string(),
             rollout_id: rollout_id.to_owned(),

@@ -90,6 +90,12 @@ pub struct CallMeta {
     /// call (`chat_completions`); `None` when it went through natively.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream_api: Option<crate::dialect::WireApi>,
+    /// A retry of the rollout's call `attempt_of` (its sequence number):
+    /// attempt 1, 2, …; 0 for a first attempt.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempt: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_of: Option<i64>,
 }
 
 /// A call as it begins: its metadata and the request bodies.

@@ -206,6 +206,8 @@ mod tests {
             received_at: 1,
             user_agent: None,
             upstream_api: None,
+            attempt: 0,
+            attempt_of: None,
         };
         let outcome = CallOutcome {
             call_id: id.into(),

@@ -19,6 +19,9 @@ pub struct CallRow {
     pub policy_version_end: Option<i64>,
     /// Times an `abort` pause cut the call and it was sent again.
     pub resent: i32,
+    /// A retry: attempt 1, 2, … of the call numbered `attempt_of`.
+    pub attempt: i32,
+    pub attempt_of: Option<i64>,
     pub call_id: String,
     pub rollout_id: String,
     pub sequence: i64,
@@ -177,6 +180,8 @@ impl CallRow {
             policy_version: o.policy_version,
             policy_version_end: o.policy_version_end,
             resent: i32::try_from(o.resent).unwrap_or(i32::MAX),
+            attempt: i32::try_from(m.attempt).unwrap_or(i32::MAX),
+            attempt_of: m.attempt_of,
             call_id: m.call_id.clone(),
             rollout_id: m.rollout_id.clone(),
             sequence: m.sequence,
@@ -345,6 +350,8 @@ mod tests {
                     received_at: 1,
                     user_agent: Some("curl/8 authorization: Bearer sk-abcdefgh12345678".into()),
                     upstream_api: None,
+                    attempt: 0,
+                    attempt_of: None,
                 },
                 request: bytes::Bytes::from_static(b"{}"),
                 upstream_request: None,

@@ -136,6 +136,8 @@ impl ShardRow for CallRow {
                     f("policy_version_end", DataType::Int64, true),
                     f("spanned_update", DataType::Boolean, false),
                     f("resent", DataType::Int32, false),
+                    f("attempt", DataType::Int32, false),
+                    f("attempt_of", DataType::Int64, true),
                 ],
                 meta.into_iter()
                     .collect::<std::collections::HashMap<String, String>>(),
@@ -210,6 +212,8 @@ impl ShardRow for CallRow {
                 Some(r.resent > 0 || r.policy_version != r.policy_version_end)
             }))),
             Arc::new(Int32Array::from_iter(rows.iter().map(|r| Some(r.resent)))),
+            Arc::new(Int32Array::from_iter(rows.iter().map(|r| Some(r.attempt)))),
+            i64s(rows.iter().map(|r| r.attempt_of)),
         ];
         RecordBatch::try_new(Self::schema(), cols).expect("columns match the calls schema")
     }

@@ -12,6 +12,7 @@
 //! own config sections, the routes, the recorder.
 
 mod admin;
+pub mod attempts;
 pub mod call;
 mod control;
 mod layer;
@@ -78,6 +79,9 @@ impl Server {
         let addr = listener
             .local_addr()
             .map_err(|source| ListenError { addr, source })?;
+        let attempts = attempts::Attempts::new(
+            Duration::try_from_secs_f64(p.rollouts.retry_window_secs).unwrap_or(Duration::ZERO),
+        );
         let gates = pause::Gates::new(p.routes.all().iter().map(|r| r.name.as_str()));
         let state = Arc::new(State {
             metrics: metrics::Metrics::new(p.recorder.stats.clone()),
@@ -89,6 +93,7 @@ impl Server {
             recorder: p.recorder,
             client_keys: p.client_keys,
             admin_keys: p.admin_keys,
+            attempts,
             gates,
             tasks: tokio_util::task::TaskTracker::new(),
         });

@@ -21,6 +21,8 @@ pub struct State {
     pub client_keys: Option<HashSet<String>>,
     /// Accepted admin keys (`/v1/admin/*`); `None`: admin is refused.
     pub admin_keys: Option<HashSet<String>>,
+    /// Each rollout's last call, to tell retries from turns.
+    pub attempts: super::attempts::Attempts,
     /// Each route's weight-sync gate.
     pub gates: super::pause::Gates,
     /// Tasks that outlive their request (stream pumps, the records of

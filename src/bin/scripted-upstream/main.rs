@@ -29,6 +29,7 @@
 //! | `delay_ms=N` | sleep N ms between stream events |
 //! | `ttfb_ms=N` | sleep N ms before answering |
 //! | `fault=500\|429\|400` | answer that status with an error body (OpenAI's format; Anthropic's on `/v1/messages`) |
+//! | `fault_times=N` | inject the fault only the first N times this exact body arrives, then answer normally (an SDK retry succeeds) |
 //! | `fault=timeout` | never answer |
 //! | `fault=drop` | send part of the body, then reset the connection |
 //! | `fault=stream_error` | stream a delta, then an error event |

@@ -15,6 +15,9 @@ pub(crate) struct Opts {
     pub(crate) ttfb: Duration,
     /// The fault to inject, if any.
     pub(crate) fault: Option<String>,
+    /// Inject the fault only the first N times this exact body is seen
+    /// (then answer normally): what an SDK's automatic retry meets.
+    pub(crate) fault_times: Option<u32>,
 }
 
 /// The model name and its options: `name@key=value@key=value`.
@@ -32,6 +35,7 @@ pub(crate) fn opts(model: &str) -> (String, Opts) {
             "delay_ms" => o.delay = Duration::from_millis(v.parse().unwrap_or(0)),
             "ttfb_ms" => o.ttfb = Duration::from_millis(v.parse().unwrap_or(0)),
             "fault" => o.fault = Some(v.to_owned()),
+            "fault_times" => o.fault_times = v.parse().ok(),
             _ => {}
         }
     }

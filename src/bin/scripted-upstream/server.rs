@@ -63,7 +63,12 @@ async fn handle(req: Request<Incoming>, counter: &AtomicU64, apis: Apis) -> Resp
         .and_then(Value::as_str)
         .unwrap_or("scripted")
         .to_owned();
-    let (_, o) = opts(&model_full);
+    let (_, mut o) = opts(&model_full);
+    if let Some(times) = o.fault_times {
+        if seen_before(&body) >= times {
+            o.fault = None;
+        }
+    }
     if !o.ttfb.is_zero() {
         tokio::time::sleep(o.ttfb).await;
     }
@@ -258,4 +263,24 @@ mod tests {
             .unwrap();
         assert_eq!(r.status(), 200);
     }
+}
+
+/// How many times this exact body was seen before (for `fault_times`).
+fn seen_before(body: &Value) -> u32 {
+    use std::collections::HashMap;
+    use std::hash::{Hash, Hasher};
+    use std::sync::{Mutex, OnceLock};
+    static SEEN: OnceLock<Mutex<HashMap<u64, u32>>> = OnceLock::new();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    body.to_string().hash(&mut h);
+    let mut seen = SEEN
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if seen.len() > 100_000 {
+        seen.clear();
+    }
+    let n = seen.entry(h.finish()).or_insert(0);
+    *n += 1;
+    *n - 1
 }

@@ -51,6 +51,8 @@ pub struct CallRec {
     pub completion_tokens: Option<i64>,
     /// The policy version the call was sent under (weight sync), when known.
     pub policy_version: Option<i64>,
+    /// A retry of the call with this sequence number (an SDK's retry).
+    pub attempt_of: Option<i64>,
     /// Messages in the call's history, kept when `messages` is dropped on
     /// reading (the RL export's `Pass::tokens_only`).
     pub history_len: Option<i64>,
@@ -110,6 +112,7 @@ const CALL_COLUMNS: &[&str] = &[
     "prompt_tokens",
     "completion_tokens",
     "policy_version",
+    "attempt_of",
 ];
 
 fn shard_err(p: &Path, e: impl std::fmt::Display) -> ExportError {
@@ -246,6 +249,7 @@ pub fn for_each_call(
                     prompt_tokens: i64_at(col(&b, "prompt_tokens"), i),
                     completion_tokens: i64_at(col(&b, "completion_tokens"), i),
                     policy_version: i64_at(col(&b, "policy_version"), i),
+                    attempt_of: i64_at(col(&b, "attempt_of"), i),
                     history_len: None,
                 })?;
                 n += 1;

@@ -14,6 +14,8 @@ pub(crate) fn call_row(rollout: &str, seq: i64) -> CallRow {
         policy_version: None,
         policy_version_end: None,
         resent: 0,
+        attempt: 0,
+        attempt_of: None,
         repinned: false,
         call_id: format!("{rollout}-{seq}"),
         rollout_id: rollout.into(),

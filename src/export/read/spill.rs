@@ -67,6 +67,7 @@ pub(super) fn encode(c: &CallRec, out: &mut Vec<u8>) {
     put_opt_i64(out, c.completion_tokens);
     put_opt_i64(out, c.history_len);
     put_opt_i64(out, c.policy_version);
+    put_opt_i64(out, c.attempt_of);
 }
 
 struct Cursor<'a>(&'a [u8]);
@@ -153,6 +154,7 @@ pub(super) fn decode(b: &[u8]) -> Option<CallRec> {
         completion_tokens: c.opt_i64()?,
         history_len: c.opt_i64()?,
         policy_version: c.opt_i64()?,
+        attempt_of: c.opt_i64()?,
     })
 }
 

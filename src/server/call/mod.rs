@@ -53,6 +53,8 @@ fn meta(state: &State, api: WireApi, rollout: &str, user_agent: Option<String>) 
         received_at: crate::now_micros(),
         user_agent,
         upstream_api: None,
+        attempt: 0,
+        attempt_of: None,
     }
 }
 
@@ -71,17 +73,29 @@ pub async fn proxy(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let meta = meta(&state, api, rollout, user_agent);
-    let p = match prepare::prepare(&state, api, meta, parts.uri.query(), body).await {
+    let mut p = match prepare::prepare(&state, api, meta, parts.uri.query(), body).await {
         Ok(p) => p,
         Err((begin, e)) => return Call::new(&state, api, begin, started).fail(e).await,
     };
+    // An SDK's retry (or the same body again soon) is an attempt, not a turn.
+    let sdk_retry = parts
+        .headers
+        .get("x-stainless-retry-count")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u32>().ok());
+    let m = &mut p.begin.meta;
+    let a = state
+        .attempts
+        .observe(rollout, m.sequence, &p.begin.request, sdk_retry);
+    (m.attempt, m.attempt_of) = (a.attempt, a.attempt_of);
     let translated = p.translated();
     let body = p.body();
     let mut call = Call::new(&state, api, p.begin, started);
     call.log_begin().await;
     let headers = upstream_headers(&parts.headers, state.client_keys.is_some());
     let gate = state.gates.get(&p.route.name).cloned();
-    let max_wait = std::time::Duration::from_secs_f64(state.server.pause_max_wait_secs);
+    let max_wait = std::time::Duration::try_from_secs_f64(state.server.pause_max_wait_secs)
+        .unwrap_or(std::time::Duration::ZERO);
     // Weight sync: wait while the route is paused; an `abort` pause cuts
     // the call upstream until the resume, and it goes again.
     let sent = loop {
