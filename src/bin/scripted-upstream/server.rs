@@ -145,6 +145,26 @@ fn stream_events(kind: Kind, events: Vec<String>, o: &Opts) -> Response<ProxyBod
     r
 }
 
+/// How many times this exact body was seen before (for `fault_times`).
+fn seen_before(body: &Value) -> u32 {
+    use std::collections::HashMap;
+    use std::hash::{Hash, Hasher};
+    use std::sync::{Mutex, OnceLock};
+    static SEEN: OnceLock<Mutex<HashMap<u64, u32>>> = OnceLock::new();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    body.to_string().hash(&mut h);
+    let mut seen = SEEN
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if seen.len() > 100_000 {
+        seen.clear();
+    }
+    let n = seen.entry(h.finish()).or_insert(0);
+    *n += 1;
+    *n - 1
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -263,24 +283,4 @@ mod tests {
             .unwrap();
         assert_eq!(r.status(), 200);
     }
-}
-
-/// How many times this exact body was seen before (for `fault_times`).
-fn seen_before(body: &Value) -> u32 {
-    use std::collections::HashMap;
-    use std::hash::{Hash, Hasher};
-    use std::sync::{Mutex, OnceLock};
-    static SEEN: OnceLock<Mutex<HashMap<u64, u32>>> = OnceLock::new();
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    body.to_string().hash(&mut h);
-    let mut seen = SEEN
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if seen.len() > 100_000 {
-        seen.clear();
-    }
-    let n = seen.entry(h.finish()).or_insert(0);
-    *n += 1;
-    *n - 1
 }
