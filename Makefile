@@ -148,6 +148,7 @@ bench: bench-tools $(LITELLM_VENV)/.installed model harnesses
 	cargo bench --bench model
 	$(MAKE) --no-print-directory task-image
 	$(VENV)/bin/python benches/batch.py --bin $(BIN)
+	$(VENV)/bin/python benches/serving.py --bin $(BIN)
 
 # The shipped SWE-bench-format task family for `rollcall batch`: real bugs in
 # inflection 0.5.1 (from PyPI), one Docker image per task, built locally
