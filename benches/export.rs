@@ -78,6 +78,7 @@ fn call_row(
         resent: 0,
         attempt: 0,
         attempt_of: None,
+        side_call: false,
         repinned: false,
         call_id: format!("{rid}-{seq:04}"),
         rollout_id: rid.to_owned(),

@@ -44,6 +44,7 @@ fn call(i: usize) -> CompletedCall {
                 upstream_api: None,
                 attempt: 0,
                 attempt_of: None,
+                side_call: false,
             },
             request: Bytes::from(request.to_string()),
             upstream_request: None,

@@ -41,6 +41,11 @@ pub async fn build(mut config: Config) -> Result<Server, StartError> {
             tracing::info!(route = %route.name, url = %route.url, "embedded route started");
         }
     }
+    // The harnesses' own side-call rules, after any the config adds.
+    config
+        .rollouts
+        .side_calls
+        .extend(crate::harness::side_call_rules());
     let routes = RouteTable::new(&config.routes, config.default_route_name())?;
     for r in routes.all() {
         r.start_health();

@@ -118,6 +118,9 @@ pub struct RolloutConfig {
     /// seconds is a retry of its last call (an attempt, not a new turn);
     /// an SDK's `x-stainless-retry-count` says so at any distance.
     pub retry_window_secs: f64,
+    /// What calls outside the agent's trajectory look like (besides every
+    /// harness adapter's own rules, which are always added).
+    pub side_calls: Vec<crate::dialect::side_call::Rule>,
 }
 
 impl Default for RolloutConfig {
@@ -126,6 +129,7 @@ impl Default for RolloutConfig {
             untagged: Untagged::Default,
             default_rollout: "untagged".into(),
             retry_window_secs: 30.0,
+            side_calls: Vec::new(),
         }
     }
 }

@@ -7,6 +7,7 @@ pub mod chat;
 pub mod completions;
 pub mod messages;
 pub mod responses;
+pub mod side_call;
 pub mod sse;
 pub mod terminal;
 pub mod tokens;

@@ -92,6 +92,7 @@ pub fn summarize(shards: &Path, scratch: &Path) -> Result<Summary, ExportError> 
         label: "inspect",
         group_by: None,
         tokens_only: false,
+        keep_side_calls: true,
     };
     s.calls = super::each_rollout(shards, scratch, &rollouts, &pass, |calls, _| {
         s.rollouts += 1;

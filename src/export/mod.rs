@@ -124,6 +124,10 @@ pub struct Filters {
     /// (finish metadata `bar.kept` false: dropped by default).
     #[arg(long)]
     pub include_dropped: bool,
+    /// Keep calls marked `side_call` (a harness's title generation and the
+    /// like, by its adapter's rules: left out by default).
+    #[arg(long)]
+    pub include_side_calls: bool,
 }
 
 /// The status `rollcall batch` finishes a rollout with after an
@@ -329,6 +333,9 @@ pub struct Pass<'a> {
     /// calls with token ids as they are read: for the RL export, which
     /// reads only token ids from such calls (half the memory and spill).
     pub tokens_only: bool,
+    /// Keep calls marked `side_call` (else they are left out before the
+    /// trajectories are rebuilt).
+    pub keep_side_calls: bool,
 }
 
 /// Run `each` over every rollout of `shards` (its calls sorted by sequence,
@@ -371,7 +378,13 @@ pub fn each_rollout(
                 continue;
             };
             let info = rollouts.get(&first.rollout_id);
-            let calls = latest_attempts(calls);
+            let mut calls = latest_attempts(calls);
+            if !pass.keep_side_calls {
+                calls.retain(|c| !c.side_call);
+            }
+            if calls.is_empty() {
+                continue;
+            }
             each(&calls, info)?;
             progress.rollout();
         }

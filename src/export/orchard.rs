@@ -187,6 +187,7 @@ pub fn to_rollout(row: &OrchardRow, rollout_id: &str, now: i64) -> (Vec<CallRow>
             resent: 0,
             attempt: 0,
             attempt_of: None,
+            side_call: false,
             repinned: false,
             call_id: uuid::Uuid::now_v7().to_string(),
             rollout_id: rollout_id.to_owned(),
@@ -356,6 +357,7 @@ pub fn export(shards: &Path, out: &Path, filters: &Filters) -> Result<Report, Ex
         label: "export orchard",
         group_by: None,
         tokens_only: false,
+        keep_side_calls: opts.filters.include_side_calls,
     };
     report.calls = super::each_rollout(shards, out, &rollouts, &pass, |calls, info| {
         for s in super::sft::rollout_samples(calls, info, &opts, &mut report, &mut mm) {

@@ -147,6 +147,10 @@ pub struct Adapter {
     /// How `rollcall batch` runs it against a task container; `None` for a
     /// harness that has no recipe for that yet.
     pub container: Option<Container>,
+    /// What this harness's calls outside the agent's trajectory look like
+    /// (marked `side_call` on their rows).
+    #[serde(default)]
+    pub side_calls: Vec<crate::dialect::side_call::Rule>,
 }
 
 /// Where a harness runs when its rollout has a container of its own.
@@ -213,6 +217,15 @@ const SOURCES: &[(&str, &str)] = &[
         include_str!("../../harness-adapters/claude-code/adapter.toml"),
     ),
 ];
+
+/// Every adapter's side-call rules.
+pub fn side_call_rules() -> Vec<crate::dialect::side_call::Rule> {
+    names()
+        .into_iter()
+        .filter_map(|n| Adapter::get(n).ok())
+        .flat_map(|a| a.side_calls)
+        .collect()
+}
 
 /// Names of all known harnesses.
 pub fn names() -> Vec<&'static str> {

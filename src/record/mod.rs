@@ -96,6 +96,9 @@ pub struct CallMeta {
     pub attempt: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt_of: Option<i64>,
+    /// Outside the agent's trajectory, by a side-call rule.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub side_call: bool,
 }
 
 /// A call as it begins: its metadata and the request bodies.

@@ -208,6 +208,7 @@ mod tests {
             upstream_api: None,
             attempt: 0,
             attempt_of: None,
+            side_call: false,
         }
     }
 

@@ -22,6 +22,8 @@ pub struct CallRow {
     /// A retry: attempt 1, 2, … of the call numbered `attempt_of`.
     pub attempt: i32,
     pub attempt_of: Option<i64>,
+    /// Outside the agent's trajectory (a side-call rule matched).
+    pub side_call: bool,
     pub call_id: String,
     pub rollout_id: String,
     pub sequence: i64,
@@ -182,6 +184,7 @@ impl CallRow {
             resent: i32::try_from(o.resent).unwrap_or(i32::MAX),
             attempt: i32::try_from(m.attempt).unwrap_or(i32::MAX),
             attempt_of: m.attempt_of,
+            side_call: m.side_call,
             call_id: m.call_id.clone(),
             rollout_id: m.rollout_id.clone(),
             sequence: m.sequence,
@@ -352,6 +355,7 @@ mod tests {
                     upstream_api: None,
                     attempt: 0,
                     attempt_of: None,
+                    side_call: false,
                 },
                 request: bytes::Bytes::from_static(b"{}"),
                 upstream_request: None,

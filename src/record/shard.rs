@@ -138,6 +138,7 @@ impl ShardRow for CallRow {
                     f("resent", DataType::Int32, false),
                     f("attempt", DataType::Int32, false),
                     f("attempt_of", DataType::Int64, true),
+                    f("side_call", DataType::Boolean, false),
                 ],
                 meta.into_iter()
                     .collect::<std::collections::HashMap<String, String>>(),
@@ -214,6 +215,9 @@ impl ShardRow for CallRow {
             Arc::new(Int32Array::from_iter(rows.iter().map(|r| Some(r.resent)))),
             Arc::new(Int32Array::from_iter(rows.iter().map(|r| Some(r.attempt)))),
             i64s(rows.iter().map(|r| r.attempt_of)),
+            Arc::new(BooleanArray::from_iter(
+                rows.iter().map(|r| Some(r.side_call)),
+            )),
         ];
         RecordBatch::try_new(Self::schema(), cols).expect("columns match the calls schema")
     }

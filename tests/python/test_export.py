@@ -308,8 +308,10 @@ def test_real_harness_exchanges_rebuild_into_segments(name, tmp_path):
     Responses; Claude Code on Messages; opencode, OpenClaw, ZeroClaw,
     mini-swe-agent on Chat Completions), replayed through the proxy. Codex, ZeroClaw and
     mini-swe-agent extend their history call by call: one conversation, no
-    mismatch. opencode's first call is its title generator (a side call: its
-    own segment, while the agent's two calls form one). OpenClaw keeps an
+    mismatch. opencode's first call is its title generator: a side call by
+    its adapter's rule, marked on its row and left out of the export (with
+    --include-side-calls it is its own segment, while the agent's two calls
+    form one). OpenClaw keeps an
     internal-context user message last, after the new turns, so its history
     is edited: a new segment, reported at message 2."""
     import http.client
@@ -331,8 +333,12 @@ def test_real_harness_exchanges_rebuild_into_segments(name, tmp_path):
             assert conn.getresponse().read() is not None
             conn.close()
         h.wait_for_shards(proxy.url)
+        side = [r["sequence"] for r in h.duck_dicts(proxy.shards, "SELECT sequence, side_call FROM t")
+                if r["side_call"]]
+        assert side == ([0] if name == "opencode" else []), side
         out = tmp_path / "sft"
-        cli("export", "sft", "--shards", str(proxy.shards), "--out", str(out))
+        cli("export", "sft", "--shards", str(proxy.shards), "--out", str(out),
+            *(["--include-side-calls"] if name == "opencode" else []))
         mism = [json.loads(line) for line in (out / "sft_mismatches.jsonl").read_text().splitlines()]
         rows = pq.read_table(out / "sft.parquet").to_pylist()
         expected = {
@@ -349,6 +355,12 @@ def test_real_harness_exchanges_rebuild_into_segments(name, tmp_path):
             assert r["loss_weights"] == [1.0 if m["role"] == "assistant" else 0.0 for m in msgs]
         main = rows[-1]["messages"]
         assert sum(1 for m in main if m["role"] == "assistant") >= len(rows[-1]["sequences"])
+        if name == "opencode":
+            # By default the side call is left out: one conversation, no mismatch.
+            plain = tmp_path / "sft-plain"
+            cli("export", "sft", "--shards", str(proxy.shards), "--out", str(plain))
+            assert [r["sequences"] for r in pq.read_table(plain / "sft.parquet").to_pylist()] == [[1, 2]]
+            assert (plain / "sft_mismatches.jsonl").read_text().strip() == ""
         proxy.kill()
     finally:
         replay.close()

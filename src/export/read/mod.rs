@@ -53,6 +53,8 @@ pub struct CallRec {
     pub policy_version: Option<i64>,
     /// A retry of the call with this sequence number (an SDK's retry).
     pub attempt_of: Option<i64>,
+    /// Outside the agent's trajectory (a harness's title generation, …).
+    pub side_call: bool,
     /// Messages in the call's history, kept when `messages` is dropped on
     /// reading (the RL export's `Pass::tokens_only`).
     pub history_len: Option<i64>,
@@ -113,6 +115,7 @@ const CALL_COLUMNS: &[&str] = &[
     "completion_tokens",
     "policy_version",
     "attempt_of",
+    "side_call",
 ];
 
 fn shard_err(p: &Path, e: impl std::fmt::Display) -> ExportError {
@@ -250,6 +253,9 @@ pub fn for_each_call(
                     completion_tokens: i64_at(col(&b, "completion_tokens"), i),
                     policy_version: i64_at(col(&b, "policy_version"), i),
                     attempt_of: i64_at(col(&b, "attempt_of"), i),
+                    side_call: col(&b, "side_call")
+                        .and_then(|c| c.as_boolean_opt())
+                        .is_some_and(|c| c.is_valid(i) && c.value(i)),
                     history_len: None,
                 })?;
                 n += 1;

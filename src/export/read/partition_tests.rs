@@ -16,6 +16,7 @@ pub(crate) fn call_row(rollout: &str, seq: i64) -> CallRow {
         resent: 0,
         attempt: 0,
         attempt_of: None,
+        side_call: false,
         repinned: false,
         call_id: format!("{rollout}-{seq}"),
         rollout_id: rollout.into(),

@@ -68,6 +68,7 @@ pub(super) fn encode(c: &CallRec, out: &mut Vec<u8>) {
     put_opt_i64(out, c.history_len);
     put_opt_i64(out, c.policy_version);
     put_opt_i64(out, c.attempt_of);
+    out.push(u8::from(c.side_call));
 }
 
 struct Cursor<'a>(&'a [u8]);
@@ -155,6 +156,7 @@ pub(super) fn decode(b: &[u8]) -> Option<CallRec> {
         history_len: c.opt_i64()?,
         policy_version: c.opt_i64()?,
         attempt_of: c.opt_i64()?,
+        side_call: c.u8()? == 1,
     })
 }
 

@@ -307,6 +307,7 @@ pub fn export(shards: &Path, out: &Path, opts: &RlOptions) -> Result<Report, Exp
         label: "export rl",
         group_by: opts.group_by.as_deref(),
         tokens_only: true,
+        keep_side_calls: opts.filters.include_side_calls,
     };
     report.calls = super::each_rollout(shards, out, &rollouts, &pass, |calls, info| {
         for mut s in rollout_samples(calls, info, opts, &mut report, &mut mm) {

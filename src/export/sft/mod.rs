@@ -255,6 +255,7 @@ pub fn export(shards: &Path, out: &Path, opts: &SftOptions) -> Result<Report, Ex
         label: "export sft",
         group_by: opts.group_by.as_deref(),
         tokens_only: false,
+        keep_side_calls: opts.filters.include_side_calls,
     };
     report.calls = super::each_rollout(shards, out, &rollouts, &pass, |calls, info| {
         let no_ids: HashSet<i64> = calls

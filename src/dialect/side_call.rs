@@ -1,0 +1,125 @@
+//! Side calls: calls a harness makes outside the agent's trajectory (a
+//! title for the session, a summary, token counting). They are recorded
+//! like any call and marked `side_call`, so the datasets can leave them out.
+//!
+//! A [`Rule`] says what one looks like: a system prompt that starts with a
+//! known text, and (optionally) no tools offered. The rules are data: each
+//! harness adapter lists its own, and the config may add more.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// What a side call looks like.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    /// The system prompt starts with this (after leading whitespace).
+    pub system_prefix: String,
+    /// `Some(false)`: only when the call offers no tools.
+    pub tools: Option<bool>,
+}
+
+/// The parts of a request body a rule looks at, read without building the
+/// whole JSON tree.
+#[derive(Deserialize, Default)]
+pub struct Shape<'a> {
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    /// Messages' top-level system prompt (a string or text blocks).
+    #[serde(borrow, default)]
+    system: Option<&'a RawValue>,
+    /// Responses' system prompt.
+    #[serde(borrow, default)]
+    instructions: Option<&'a RawValue>,
+    /// Chat Completions' (and Messages') messages.
+    #[serde(borrow, default)]
+    messages: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Msg<'a> {
+    role: Option<&'a str>,
+    #[serde(borrow)]
+    content: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Block {
+    #[serde(default)]
+    text: String,
+}
+
+/// The text of a string, or of an array of text blocks.
+fn text_of(v: &RawValue) -> String {
+    if let Ok(s) = serde_json::from_str::<String>(v.get()) {
+        return s;
+    }
+    serde_json::from_str::<Vec<Block>>(v.get())
+        .map(|b| b.into_iter().map(|b| b.text).collect::<Vec<_>>().join("\n"))
+        .unwrap_or_default()
+}
+
+impl Shape<'_> {
+    fn has_tools(&self) -> bool {
+        self.tools
+            .is_some_and(|t| !matches!(t.get().trim(), "null" | "[]"))
+    }
+
+    /// The system prompt, wherever this API keeps it.
+    fn system_prompt(&self) -> Option<String> {
+        if let Some(s) = self.system.or(self.instructions) {
+            return Some(text_of(s));
+        }
+        let msgs: Vec<Msg> = serde_json::from_str(self.messages?.get()).ok()?;
+        let first = msgs.into_iter().find(|m| m.role.is_some())?;
+        matches!(first.role, Some("system" | "developer"))
+            .then(|| first.content.map(text_of).unwrap_or_default())
+    }
+}
+
+/// Is the request (`body`, JSON) a side call by one of `rules`?
+pub fn is_side_call(rules: &[Rule], body: &[u8]) -> bool {
+    if rules.is_empty() {
+        return false;
+    }
+    let Ok(shape) = serde_json::from_slice::<Shape>(body) else {
+        return false;
+    };
+    let Some(system) = shape.system_prompt() else {
+        return false;
+    };
+    let system = system.trim_start();
+    rules.iter().any(|r| {
+        system.starts_with(r.system_prefix.as_str())
+            && r.tools.is_none_or(|t| t == shape.has_tools())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules() -> Vec<Rule> {
+        vec![Rule {
+            system_prefix: "You are a title generator".into(),
+            tools: Some(false),
+        }]
+    }
+
+    #[test]
+    fn a_title_generator_without_tools_is_a_side_call() {
+        let chat = br#"{"model":"m","messages":[{"role":"system","content":"You are a title generator. You output ONLY a thread title."},{"role":"user","content":"hi"}]}"#;
+        assert!(is_side_call(&rules(), chat));
+        let with_tools = br#"{"tools":[{"type":"function"}],"messages":[{"role":"system","content":"You are a title generator."}]}"#;
+        assert!(!is_side_call(&rules(), with_tools));
+        let agent = br#"{"messages":[{"role":"system","content":"You are opencode"},{"role":"user","content":"x"}]}"#;
+        assert!(!is_side_call(&rules(), agent));
+        let blocks =
+            br#"{"system":[{"type":"text","text":"  You are a title generator"}],"messages":[]}"#;
+        assert!(is_side_call(&rules(), blocks));
+        let responses = br#"{"instructions":"You are a title generator","input":"x","tools":[]}"#;
+        assert!(is_side_call(&rules(), responses));
+        assert!(!is_side_call(&rules(), b"not json"));
+        assert!(!is_side_call(&[], chat));
+    }
+}
