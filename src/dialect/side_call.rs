@@ -19,21 +19,22 @@ pub struct Rule {
     pub tools: Option<bool>,
 }
 
-/// The parts of a request body a rule looks at, read without building the
-/// whole JSON tree.
+/// The parts of a request body a rule looks at, borrowed from the body
+/// (not parsed into a tree): a caller that already reads the body's head
+/// fills it in the same pass.
 #[derive(Deserialize, Default)]
 pub struct Shape<'a> {
     #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
+    pub tools: Option<&'a RawValue>,
     /// Messages' top-level system prompt (a string or text blocks).
     #[serde(borrow, default)]
-    system: Option<&'a RawValue>,
+    pub system: Option<&'a RawValue>,
     /// Responses' system prompt.
     #[serde(borrow, default)]
-    instructions: Option<&'a RawValue>,
+    pub instructions: Option<&'a RawValue>,
     /// Chat Completions' (and Messages') messages.
     #[serde(borrow, default)]
-    messages: Option<&'a RawValue>,
+    pub messages: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -82,9 +83,14 @@ pub fn is_side_call(rules: &[Rule], body: &[u8]) -> bool {
     if rules.is_empty() {
         return false;
     }
-    let Ok(shape) = serde_json::from_slice::<Shape>(body) else {
+    serde_json::from_slice::<Shape>(body).is_ok_and(|s| matches(rules, &s))
+}
+
+/// Does a request of this shape match one of `rules`?
+pub fn matches(rules: &[Rule], shape: &Shape) -> bool {
+    if rules.is_empty() {
         return false;
-    };
+    }
     let Some(system) = shape.system_prompt() else {
         return false;
     };

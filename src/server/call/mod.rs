@@ -17,7 +17,6 @@ pub use prepare::upstream_headers;
 pub use record::error_response;
 
 use super::State;
-use crate::dialect::side_call::is_side_call;
 use crate::dialect::{ApiError, WireApi};
 use crate::http::ProxyBody;
 use crate::record::{CallBegin, CallMeta};
@@ -90,7 +89,6 @@ pub async fn proxy(
         .attempts
         .observe(rollout, m.sequence, &p.begin.request, sdk_retry);
     (m.attempt, m.attempt_of) = (a.attempt, a.attempt_of);
-    m.side_call = is_side_call(&state.rollouts.side_calls, &p.begin.request);
     let translated = p.translated();
     let body = p.body();
     let mut call = Call::new(&state, api, p.begin, started);

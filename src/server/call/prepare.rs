@@ -5,8 +5,8 @@
 use super::error::ProxyError;
 use super::State;
 use crate::dialect::capture::{self, Asked, CaptureKind};
-use crate::dialect::translate;
 use crate::dialect::WireApi;
+use crate::dialect::{side_call, translate};
 use crate::record::{CallBegin, CallMeta};
 use crate::upstream::Route;
 use bytes::{Bytes, BytesMut};
@@ -85,10 +85,20 @@ impl Prepared {
     }
 }
 
+/// What the proxy reads of a request in one pass: the route's key, the
+/// answer's shape, and what tells a side call.
 #[derive(Deserialize)]
-struct Head {
+struct Head<'a> {
     model: Option<serde_json::Value>,
     stream: Option<bool>,
+    #[serde(borrow, default)]
+    tools: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    system: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    instructions: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    messages: Option<&'a RawValue>,
 }
 
 /// Prepare a call whose metadata `meta` holds; on failure, the call's begin
@@ -121,6 +131,13 @@ pub async fn prepare(
         Some(other) => bail!(meta, ProxyError::InvalidModel(other)),
     };
     meta.stream = head.stream.unwrap_or(false);
+    let shape = side_call::Shape {
+        tools: head.tools,
+        system: head.system,
+        instructions: head.instructions,
+        messages: head.messages,
+    };
+    meta.side_call = side_call::matches(&state.rollouts.side_calls, &shape);
     meta.model = model.clone();
     let Some(route) = state.routes.select(model.as_deref()).cloned() else {
         bail!(meta, ProxyError::NoRoute(model));
