@@ -9,7 +9,6 @@
 //! that just failed), for at most [`MAX_ROLLOUTS`] rollouts.
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -55,9 +54,9 @@ impl Attempts {
         body: &[u8],
         sdk_retry: Option<u32>,
     ) -> Attempt {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        body.hash(&mut h);
-        let hash = h.finish();
+        // The body's length and CRC-32 (the WAL's checksum, hardware-fast):
+        // every call pays it, and agent bodies run to megabytes.
+        let hash = (body.len() as u64) << 32 | u64::from(crc32fast::hash(body));
         let now = Instant::now();
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(l) = last.get_mut(rollout) {

@@ -59,8 +59,21 @@ impl Docker {
         })
     }
 
-    fn filters(label: String) -> HashMap<String, Vec<String>> {
-        HashMap::from([("label".to_owned(), vec![label])])
+    /// Every container (running or not) matching a label filter
+    /// (`key` or `key=value`).
+    async fn labelled(
+        &self,
+        label: String,
+    ) -> Result<Vec<bollard::models::ContainerSummary>, BackendError> {
+        let filters = HashMap::from([("label".to_owned(), vec![label])]);
+        let opts = ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&filters)
+            .build();
+        self.api
+            .list_containers(Some(opts))
+            .await
+            .map_err(daemon("list"))
     }
 
     async fn kill_processes(&self, id: &str) {
@@ -306,15 +319,7 @@ impl Backend for Docker {
     }
 
     async fn batches(&self) -> Result<BTreeMap<String, usize>, BackendError> {
-        let opts = ListContainersOptionsBuilder::default()
-            .all(true)
-            .filters(&Self::filters(LABEL_BATCH.to_owned()))
-            .build();
-        let list = self
-            .api
-            .list_containers(Some(opts))
-            .await
-            .map_err(daemon("list"))?;
+        let list = self.labelled(LABEL_BATCH.to_owned()).await?;
         let mut out = BTreeMap::new();
         for c in list {
             if let Some(b) = c.labels.as_ref().and_then(|l| l.get(LABEL_BATCH)) {
@@ -325,15 +330,7 @@ impl Backend for Docker {
     }
 
     async fn remove_batch(&self, batch: &str) -> Result<usize, BackendError> {
-        let opts = ListContainersOptionsBuilder::default()
-            .all(true)
-            .filters(&Self::filters(format!("{LABEL_BATCH}={batch}")))
-            .build();
-        let list = self
-            .api
-            .list_containers(Some(opts))
-            .await
-            .map_err(daemon("list"))?;
+        let list = self.labelled(format!("{LABEL_BATCH}={batch}")).await?;
         let mut n = 0;
         for c in list {
             if let Some(id) = c.id {
