@@ -121,6 +121,48 @@ pub struct RolloutConfig {
     /// What calls outside the agent's trajectory look like (besides every
     /// harness adapter's own rules, which are always added).
     pub side_calls: Vec<crate::dialect::side_call::Rule>,
+    /// Every rollout's budget (`[rollouts.budget]`); a rollout's own,
+    /// set through `rollcall run`, `rollcall batch`, the `x-rollcall-budget`
+    /// header or `PUT /v1/rollouts/<id>/budget`, overrides it field by field.
+    pub budget: Budget,
+}
+
+/// A rollout's budget: each limit, when set, refuses the calls past it
+/// (recorded as `budget_exceeded`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Budget {
+    /// Calls of the trajectory (a retry is the same call; side calls do not
+    /// count).
+    pub max_calls: Option<u64>,
+    /// Tokens the upstream reported (prompt and completion) over all the
+    /// rollout's calls.
+    pub max_total_tokens: Option<u64>,
+    /// One call's prompt: past it the harness gets its API's context-length
+    /// error, which starts its own compaction.
+    pub max_prompt_tokens: Option<u64>,
+    /// Request bytes per prompt token, to size a rollout's prompt before the
+    /// upstream has reported one (after that, the rollout's own ratio).
+    pub bytes_per_token: Option<f64>,
+}
+
+impl Budget {
+    /// No limit is set.
+    pub fn is_unlimited(&self) -> bool {
+        self.max_calls.is_none()
+            && self.max_total_tokens.is_none()
+            && self.max_prompt_tokens.is_none()
+    }
+
+    /// `self`, with each field `over` sets replaced.
+    pub fn overridden_by(self, over: Budget) -> Budget {
+        Budget {
+            max_calls: over.max_calls.or(self.max_calls),
+            max_total_tokens: over.max_total_tokens.or(self.max_total_tokens),
+            max_prompt_tokens: over.max_prompt_tokens.or(self.max_prompt_tokens),
+            bytes_per_token: over.bytes_per_token.or(self.bytes_per_token),
+        }
+    }
 }
 
 impl Default for RolloutConfig {
@@ -130,6 +172,7 @@ impl Default for RolloutConfig {
             default_rollout: "untagged".into(),
             retry_window_secs: 30.0,
             side_calls: Vec::new(),
+            budget: Budget::default(),
         }
     }
 }
@@ -546,6 +589,13 @@ impl Config {
         }
         if self.shards.max_rows == 0 || self.shards.queue_capacity == 0 {
             return invalid("shards.max_rows and shards.queue_capacity must be positive".into());
+        }
+        if let Some(b) = self.rollouts.budget.bytes_per_token {
+            if !(b.is_finite() && b > 0.0) {
+                return invalid(format!(
+                    "rollouts.budget.bytes_per_token must be a positive number, got {b}"
+                ));
+            }
         }
         if self.rollouts.default_rollout.is_empty() {
             return invalid("rollouts.default_rollout must not be empty".into());

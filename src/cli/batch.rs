@@ -95,6 +95,8 @@ pub struct Batch {
     /// Where harnesses are installed.
     #[arg(long, env = "ROLLCALL_HARNESS_DIR")]
     pub prefix: Option<PathBuf>,
+    #[command(flatten)]
+    pub budget: super::BudgetArgs,
     /// An argument appended to the harness's command line (repeat for
     /// more), e.g. `--harness-arg=-c --harness-arg=agent.step_limit=5`.
     #[arg(long = "harness-arg", allow_hyphen_values = true)]
@@ -257,6 +259,7 @@ impl Batch {
             grade_timeouts: !self.no_grade_timeouts,
             retries: self.retries,
             extra_args: self.harness_args.clone(),
+            budget: self.budget.budget(),
             mounts,
             out: out.clone(),
             cancel: cancel.clone(),

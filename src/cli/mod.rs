@@ -126,3 +126,33 @@ pub fn main() -> ExitCode {
         }
     }))
 }
+
+/// A rollout's budget on the command line (`rollcall run`, `rollcall batch`),
+/// set on the proxy before the harness starts (`PUT /v1/rollouts/<id>/budget`).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct BudgetArgs {
+    /// Refuse the rollout's calls after this many (a retry is the same call).
+    #[arg(long)]
+    pub max_calls: Option<u64>,
+    /// Refuse the rollout's calls once the upstream has reported this many
+    /// tokens (prompt and completion, over all its calls).
+    #[arg(long)]
+    pub max_total_tokens: Option<u64>,
+    /// Answer a call whose prompt is longer with the API's context-length
+    /// error (the harness's own compaction then starts).
+    #[arg(long)]
+    pub max_prompt_tokens: Option<u64>,
+}
+
+impl BudgetArgs {
+    /// The budget to set, if any limit is given.
+    pub fn budget(&self) -> Option<crate::config::Budget> {
+        let b = crate::config::Budget {
+            max_calls: self.max_calls,
+            max_total_tokens: self.max_total_tokens,
+            max_prompt_tokens: self.max_prompt_tokens,
+            bytes_per_token: None,
+        };
+        (!b.is_unlimited()).then_some(b)
+    }
+}

@@ -52,6 +52,8 @@ pub struct Run {
     /// anything else with reward 0.
     #[arg(long)]
     pub check: Option<String>,
+    #[command(flatten)]
+    pub budget: super::BudgetArgs,
     /// An argument appended to the harness's command line (repeat for
     /// more), e.g. `--harness-arg=-c --harness-arg=agent.step_limit=5`.
     #[arg(long = "harness-arg", allow_hyphen_values = true)]
@@ -78,6 +80,7 @@ impl Run {
             check,
             harness_args,
             task,
+            budget,
         } = self;
         let metadata = match metadata {
             Some(m) => Some(
@@ -100,6 +103,7 @@ impl Run {
             metadata,
             extra_args: harness_args,
             check,
+            budget: budget.budget(),
         };
         Ok(crate::harness::run::run(spec).await?.exit_code())
     }

@@ -37,6 +37,30 @@ pub struct RunSpec {
     /// A shell command run in the workdir after the harness ends; exit 0
     /// gives the rollout reward 1, anything else reward 0.
     pub check: Option<String>,
+    /// The rollout's budget, set on the proxy before the harness starts.
+    pub budget: Option<crate::config::Budget>,
+}
+
+/// Give `rollout` its own budget on the proxy at `proxy` (`PUT
+/// /v1/rollouts/<id>/budget`, presenting `key`).
+pub async fn set_budget(
+    client: &reqwest::Client,
+    proxy: &str,
+    key: &str,
+    rollout: &str,
+    budget: &crate::config::Budget,
+) -> Result<(), String> {
+    let body = serde_json::to_vec(budget).map_err(|e| e.to_string())?;
+    client
+        .put(format!("{proxy}/v1/rollouts/{rollout}/budget"))
+        .bearer_auth(key)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body)
+        .send()
+        .await
+        .and_then(|r| r.error_for_status())
+        .map(drop)
+        .map_err(|e| e.to_string())
 }
 
 /// What the `--check` command said about the harness's work.
@@ -193,6 +217,14 @@ pub async fn run(mut spec: RunSpec) -> Result<Outcome, HarnessError> {
         });
     }
 
+    if let Some(b) = &spec.budget {
+        set_budget(&client, &proxy, &spec.api_key, &spec.rollout, b)
+            .await
+            .map_err(|e| HarnessError::Proxy {
+                url: proxy.clone(),
+                message: format!("could not set the budget of rollout {}: {e}", spec.rollout),
+            })?;
+    }
     let workdir = absolute(&spec.workdir)?;
     std::fs::create_dir_all(&workdir).map_err(HarnessError::io(&workdir))?;
     let home = absolute(
@@ -339,6 +371,7 @@ pub async fn run(mut spec: RunSpec) -> Result<Outcome, HarnessError> {
     }
     let finish = client
         .post(format!("{proxy}/v1/rollouts/{}/finish", spec.rollout))
+        .bearer_auth(&spec.api_key)
         .header(reqwest::header::CONTENT_TYPE, "application/json")
         .body(finish_body.to_string())
         .send()

@@ -176,6 +176,8 @@ pub enum FailureClass {
     ClientTimeout,
     /// No call slot came free within `server.queue_timeout_secs`.
     Overloaded,
+    /// The call would pass its rollout's budget (calls, tokens, prompt tokens).
+    BudgetExceeded,
     /// The proxy stopped (crash, kill) while the call was in flight.
     Interrupted,
     /// The proxy failed internally: the write-ahead log could not take the
@@ -184,7 +186,7 @@ pub enum FailureClass {
 }
 
 impl FailureClass {
-    pub const ALL: [FailureClass; 20] = [
+    pub const ALL: [FailureClass; 21] = [
         Self::BadRequest,
         Self::BodyTooLarge,
         Self::Unauthorized,
@@ -203,6 +205,7 @@ impl FailureClass {
         Self::ClientDisconnected,
         Self::ClientTimeout,
         Self::Overloaded,
+        Self::BudgetExceeded,
         Self::Interrupted,
         Self::Internal,
     ];
@@ -227,6 +230,7 @@ impl FailureClass {
             Self::ClientDisconnected => "client_disconnected",
             Self::ClientTimeout => "client_timeout",
             Self::Overloaded => "overloaded",
+            Self::BudgetExceeded => "budget_exceeded",
             Self::Interrupted => "interrupted",
             Self::Internal => "internal",
         }

@@ -51,6 +51,13 @@ pub enum RolloutError {
     /// setting up a rollout's container failed
     #[error("setting up the container failed: {0}")]
     Setup(String),
+    /// the proxy did not take a rollout's budget
+    #[error("the proxy at {url} did not take the budget of {rollout}: {message}")]
+    Budget {
+        url: String,
+        rollout: String,
+        message: String,
+    },
     /// the proxy did not take a finish
     #[error("the proxy at {url} did not take the finish of {rollout}: {message}")]
     Finish {

@@ -39,6 +39,8 @@ pub struct Context<B> {
     pub retries: usize,
     /// Arguments appended to the harness's command line.
     pub extra_args: Vec<String>,
+    /// Each rollout's budget, set on the proxy before its harness starts.
+    pub budget: Option<crate::config::Budget>,
     /// Mounts of every rollout container (harness, bridge, socket).
     pub mounts: Vec<super::backend::Mount>,
     /// Where each rollout's logs go: `out/rollouts/<rollout id>/`.
@@ -138,6 +140,7 @@ impl<B: Backend> Context<B> {
         };
         self.client
             .post(format!("{}/v1/rollouts/{rollout}/finish", self.proxy))
+            .bearer_auth(&self.api_key)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body.to_string())
             .send()
@@ -247,6 +250,15 @@ impl<B: Backend> Context<B> {
         dir: &Path,
         meta: &mut Value,
     ) -> Result<Attempt, RolloutError> {
+        if let Some(b) = &self.budget {
+            crate::harness::run::set_budget(&self.client, &self.proxy, &self.api_key, rollout, b)
+                .await
+                .map_err(|message| RolloutError::Budget {
+                    url: self.proxy.clone(),
+                    rollout: rollout.to_owned(),
+                    message,
+                })?;
+        }
         let t0 = Instant::now();
         let id = self
             .backend

@@ -4,6 +4,7 @@
 //! GET  /healthz                     200 when recording works, else 503 and why
 //! GET  /metrics                     Prometheus text
 //! POST /v1/rollouts/<id>/finish     a rollout's outcome
+//! PUT  /v1/rollouts/<id>/budget     a rollout's own budget; GET: its standing
 //! GET  [/rollouts/<id>]/v1/models   forwarded to the default route
 //! ```
 
@@ -65,6 +66,13 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Proxy
         let id = id.to_owned();
         return finish(&state, &id, req).await;
     }
+    if let Some(id) = path
+        .strip_prefix("/v1/rollouts/")
+        .and_then(|r| r.strip_suffix("/budget"))
+    {
+        let id = id.to_owned();
+        return budget(&state, &id, req).await;
+    }
     models(&state, req).await
 }
 
@@ -74,6 +82,58 @@ struct FinishBody {
     status: String,
     reward: Option<f64>,
     metadata: Option<Value>,
+}
+
+/// Set (`PUT`, a JSON `Budget`) or read (`GET`) a rollout's budget.
+async fn budget(state: &State, id: &str, req: Request<Incoming>) -> Response<ProxyBody> {
+    let chat = WireApi::ChatCompletions;
+    if let Err(e) = check_rollout_id(id) {
+        return error_response(chat, &e.into());
+    }
+    let bad = |code, msg: String| {
+        error_response(
+            chat,
+            &ApiError::new(400, "invalid_request_error", code, msg),
+        )
+    };
+    let standing = match *req.method() {
+        Method::GET => state.budgets.standing(id),
+        Method::PUT | Method::POST => {
+            let body = match Limited::new(req.into_body(), 64 << 10).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(e) => return bad("bad_body", format!("could not read the body: {e}")),
+            };
+            let own: crate::config::Budget = match serde_json::from_slice(&body) {
+                Ok(b) => b,
+                Err(e) => return bad("invalid_budget", format!("a budget is JSON {{\"max_calls\"?, \"max_total_tokens\"?, \"max_prompt_tokens\"?, \"bytes_per_token\"?}}: {e}")),
+            };
+            if own
+                .bytes_per_token
+                .is_some_and(|b| !(b.is_finite() && b > 0.0))
+            {
+                return bad(
+                    "invalid_budget",
+                    "bytes_per_token must be a positive number".into(),
+                );
+            }
+            state.budgets.set(id, own)
+        }
+        _ => {
+            return error_response(
+                chat,
+                &ApiError::new(
+                    405,
+                    "invalid_request_error",
+                    "method_not_allowed",
+                    "use PUT or GET",
+                ),
+            )
+        }
+    };
+    json_response(
+        200,
+        &json!({"rollout_id": id, "budget": standing.budget, "calls": standing.calls, "total_tokens": standing.total_tokens}),
+    )
 }
 
 async fn finish(state: &State, id: &str, req: Request<Incoming>) -> Response<ProxyBody> {
@@ -115,6 +175,7 @@ async fn finish(state: &State, id: &str, req: Request<Incoming>) -> Response<Pro
         return error_response(chat, &err);
     }
     let calls = state.sequencer.finish(id);
+    state.budgets.forget(id);
     let fin = RolloutFinish {
         record_id: uuid::Uuid::now_v7().to_string(),
         rollout_id: id.to_owned(),

@@ -13,6 +13,7 @@
 
 mod admin;
 pub mod attempts;
+pub mod budget;
 pub mod call;
 mod control;
 mod layer;
@@ -82,6 +83,7 @@ impl Server {
         let attempts = attempts::Attempts::new(
             Duration::try_from_secs_f64(p.rollouts.retry_window_secs).unwrap_or(Duration::ZERO),
         );
+        let budgets = budget::Budgets::new(p.rollouts.budget);
         let gates = pause::Gates::new(p.routes.all().iter().map(|r| r.name.as_str()));
         let state = Arc::new(State {
             metrics: metrics::Metrics::new(p.recorder.stats.clone()),
@@ -94,6 +96,7 @@ impl Server {
             client_keys: p.client_keys,
             admin_keys: p.admin_keys,
             attempts,
+            budgets,
             gates,
             tasks: tokio_util::task::TaskTracker::new(),
         });

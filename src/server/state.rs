@@ -23,6 +23,8 @@ pub struct State {
     pub admin_keys: Option<HashSet<String>>,
     /// Each rollout's last call, to tell retries from turns.
     pub attempts: super::attempts::Attempts,
+    /// Each rollout's budget and spending.
+    pub budgets: super::budget::Budgets,
     /// Each route's weight-sync gate.
     pub gates: super::pause::Gates,
     /// Tasks that outlive their request (stream pumps, the records of

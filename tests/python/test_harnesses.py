@@ -54,13 +54,13 @@ def need(name: str) -> None:
 
 
 def start_run(proxy: h.Proxy, name: str, rollout: str, workdir: Path, model: str = "scripted",
-              env: dict | None = None, timeout: int = 600) -> subprocess.Popen:
+              env: dict | None = None, timeout: int = 600, extra: list[str] | None = None) -> subprocess.Popen:
     workdir.parent.mkdir(parents=True, exist_ok=True)
     log = open(workdir.parent / f"{rollout}.log", "wb")
     args = [h.rollcall_bin(), "run", "--harness", name, "--rollout", rollout, "--model", model,
             "--workdir", str(workdir), "--proxy", proxy.url, "--prefix", str(HARNESS_DIR),
             "--home", str(workdir.parent / f"{rollout}.home"), "--timeout", str(timeout),
-            "--api-key", key_of(rollout), "--", task(name, rollout)]
+            "--api-key", key_of(rollout), *(extra or []), "--", task(name, rollout)]
     return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             env={**os.environ, **(env or {})})
 

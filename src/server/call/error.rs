@@ -4,6 +4,7 @@
 
 use crate::dialect::ApiError;
 use crate::record::{FailureClass, RecordError};
+use crate::server::budget::Over;
 use crate::upstream::{BodyError, UpstreamError};
 use std::time::Duration;
 
@@ -59,6 +60,12 @@ pub enum ProxyError {
     /// refused before it was proxied (client key, rollout id, path, no slot)
     #[error("{}", .0.message)]
     Refused(ApiError),
+    /// the call would pass its rollout's budget: {over}
+    #[error("{}", budget_message(*.api, .over))]
+    BudgetExceeded {
+        api: crate::dialect::WireApi,
+        over: crate::server::budget::Over,
+    },
     /// the route is paused for a weight update and stayed paused past {0:?}
     #[error("the route is paused for a weight update and stayed paused past {0:?} (server.pause_max_wait_secs)")]
     Held(Duration),
@@ -116,6 +123,13 @@ impl ProxyError {
             }
             Self::Unrecorded(e) => (C::Internal, crate::record::unrecorded_error(e)),
             Self::Held(_) => (C::Overloaded, server(503, "paused")),
+            Self::BudgetExceeded { over, .. } => {
+                let code = match over {
+                    Over::Prompt { .. } => "context_length_exceeded",
+                    _ => "budget_exceeded",
+                };
+                (C::BudgetExceeded, bad(code))
+            }
             Self::Refused(err) => {
                 let class = match err.status {
                     401 | 403 => C::Unauthorized,
@@ -125,6 +139,27 @@ impl ProxyError {
                 (class, err.clone())
             }
         }
+    }
+}
+
+/// What the harness is told of a budget: past `max_prompt_tokens`, the
+/// words its API uses for a prompt over the model's context (Anthropic's
+/// `prompt is too long: N tokens > M maximum`, OpenAI's `maximum context
+/// length`), which harnesses match to start compacting.
+fn budget_message(api: crate::dialect::WireApi, over: &Over) -> String {
+    use crate::dialect::WireApi as A;
+    let Over::Prompt { max, estimated } = *over else {
+        return format!("budget exceeded: {over}");
+    };
+    let why = "(rollcall: the rollout's max_prompt_tokens budget; the prompt's size is estimated)";
+    match api {
+        A::Messages => format!("prompt is too long: {estimated} tokens > {max} maximum {why}"),
+        A::Responses => format!(
+            "Your input exceeds the context window of this model: this model's maximum context length is {max} tokens, and your input is about {estimated} tokens. Please adjust your input and try again. {why}"
+        ),
+        A::ChatCompletions | A::Completions => format!(
+            "This model's maximum context length is {max} tokens. However, your messages resulted in about {estimated} tokens. Please reduce the length of the messages. {why}"
+        ),
     }
 }
 

@@ -89,9 +89,36 @@ pub async fn proxy(
         .attempts
         .observe(rollout, m.sequence, &p.begin.request, sdk_retry);
     (m.attempt, m.attempt_of) = (a.attempt, a.attempt_of);
+    let turn = m.attempt == 0 && !m.side_call;
+    let (sequence, attempt_of) = (m.sequence, m.attempt_of);
+    let request_len = p.begin.request.len();
     let translated = p.translated();
     let body = p.body();
     let mut call = Call::new(&state, api, p.begin, started);
+    if let Some(v) = parts.headers.get(super::budget::HEADER) {
+        let own = v
+            .to_str()
+            .map_err(|_| format!("{}: not text", super::budget::HEADER))
+            .and_then(super::budget::parse_header);
+        match own {
+            Ok(own) => {
+                state.budgets.set(rollout, own);
+            }
+            Err(msg) => {
+                let err = ApiError::new(400, "invalid_request_error", "invalid_budget", msg);
+                return call.fail(ProxyError::Refused(err)).await;
+            }
+        }
+    }
+    let ask = super::budget::Ask {
+        request_len,
+        call: attempt_of.unwrap_or(sequence),
+        turn,
+    };
+    match state.budgets.admit(rollout, ask) {
+        Ok(charge) => call.charge_usage(charge),
+        Err(over) => return call.fail(ProxyError::BudgetExceeded { api, over }).await,
+    }
     call.log_begin().await;
     let headers = upstream_headers(&parts.headers, state.client_keys.is_some());
     let gate = state.gates.get(&p.route.name).cloned();

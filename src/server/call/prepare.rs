@@ -31,6 +31,7 @@ const DROP_REQUEST: &[&str] = &[
     "content-length",
     "accept-encoding",
     "x-rollout-id",
+    "x-rollcall-budget",
 ];
 
 /// Headers to send upstream: the client's, less hop-by-hop ones; the client's

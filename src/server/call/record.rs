@@ -40,6 +40,8 @@ pub struct Call {
     gate: Option<Arc<crate::server::pause::Gate>>,
     policy_version: Option<i64>,
     resent: u32,
+    /// Charge the answer's usage to the rollout's budget.
+    charge: bool,
 }
 
 impl Call {
@@ -57,6 +59,7 @@ impl Call {
             gate: None,
             policy_version: None,
             resent: 0,
+            charge: false,
             upstream_response: None,
         }
     }
@@ -155,6 +158,11 @@ impl Call {
         self.resent += 1;
     }
 
+    /// Charge the answer's token usage to the rollout's budget when it ends.
+    pub fn charge_usage(&mut self, charge: bool) {
+        self.charge = charge;
+    }
+
     /// The replica that answered: recorded, and held in flight until the
     /// call is done.
     pub fn set_lease(&mut self, lease: crate::upstream::Lease) {
@@ -181,6 +189,15 @@ impl Call {
                 class = class.as_str(),
                 "call failed: {msg}"
             );
+        }
+        if std::mem::take(&mut self.charge) {
+            // Before the answer's last bytes, so that the rollout's next
+            // call sees this one's tokens (only rollouts with a budget pay).
+            let usage = self.api.assemble(&response, self.begin.meta.stream).usage;
+            let (b, m) = (&self.begin, &self.begin.meta);
+            self.state
+                .budgets
+                .charge(&m.rollout_id, b.request.len(), &usage);
         }
         let outcome = self.outcome(status, Some(http_status), failure);
         let upstream = self.upstream_response.take();

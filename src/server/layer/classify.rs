@@ -71,7 +71,8 @@ pub fn classify(method: &Method, path: &str) -> Dispatch {
         .filter(|id| check_rollout_id(id).is_ok())
         .filter(|_| wire.is_some())
         .map(str::to_owned);
-    if path.starts_with("/v1/rollouts/") && path.ends_with("/finish") {
+    if path.starts_with("/v1/rollouts/") && (path.ends_with("/finish") || path.ends_with("/budget"))
+    {
         return of(Kind::Admin, api, known);
     }
     if let Some(Err(e)) = rollout.map(check_rollout_id) {
@@ -179,6 +180,7 @@ mod tests {
             ("refused invalid_rollout_id chat_completions".into(), None)
         );
         assert_eq!(kind(Method::POST, "/v1/rollouts/r1/finish").0, "admin");
+        assert_eq!(kind(Method::PUT, "/v1/rollouts/r1/budget").0, "admin");
         assert_eq!(
             kind(Method::GET, "/rollouts/r1/v1/models"),
             ("admin".into(), None)
