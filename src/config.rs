@@ -201,6 +201,9 @@ pub struct ShardConfig {
     /// What a call gets when its end cannot be written to the write-ahead
     /// log (a full or failing disk).
     pub on_wal_error: OnWalError,
+    /// Keep the live feed of finished rollouts in `dir/feed/`, served at
+    /// `GET /v1/rollouts/feed` (docs/serving.md).
+    pub feed: bool,
 }
 
 /// How shard files are compressed.
@@ -239,6 +242,7 @@ impl Default for ShardConfig {
             queue_capacity: 1024,
             compression: Compression::Zstd,
             on_wal_error: OnWalError::Fail,
+            feed: false,
         }
     }
 }

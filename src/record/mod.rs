@@ -16,6 +16,7 @@
 //! start, `replay` turns what the WAL holds into shard rows (calls cut off by
 //! a crash become `incomplete` rows), exactly once.
 
+pub mod feed;
 pub mod pipeline;
 pub mod replay;
 mod rollout_id;
@@ -406,6 +407,8 @@ pub(crate) enum WalMsg {
 pub struct Recorder {
     tx: mpsc::Sender<WalMsg>,
     pub stats: Arc<RecorderStats>,
+    /// The live feed's reader, with `shards.feed = true`.
+    pub feed: Option<feed::Feed>,
 }
 
 impl Recorder {
@@ -414,13 +417,28 @@ impl Recorder {
     pub fn start(
         cfg: &crate::config::ShardConfig,
     ) -> Result<(Recorder, RecorderTask, replay::Recovered), RecordError> {
-        let recovered = replay::recover(cfg)?;
+        let feed_err = |e: std::io::Error| {
+            RecordError::Shard(format!(
+                "the feed in {}: {e}",
+                cfg.dir.join("feed").display()
+            ))
+        };
+        let (mut writer, feed) = match cfg.feed {
+            true => {
+                let (w, f) = feed::FeedWriter::open(&cfg.dir.join("feed"), cfg.wal_fsync)
+                    .map_err(feed_err)?;
+                (Some(w), Some(f))
+            }
+            false => (None, None),
+        };
+        let recovered = replay::recover(cfg, writer.as_mut())?;
         let stats = Arc::new(RecorderStats::default());
-        let (tx, stages) = pipeline::start(cfg, recovered.next_segment, &stats)?;
+        let (tx, stages) = pipeline::start(cfg, recovered.next_segment, &stats, writer)?;
         Ok((
             Recorder {
                 tx: tx.clone(),
                 stats,
+                feed,
             },
             RecorderTask {
                 tx,
@@ -508,5 +526,54 @@ impl RecorderTask {
         if let Some(stages) = self.stages.take() {
             let _ = tokio::task::spawn_blocking(move || stages.join()).await;
         }
+    }
+}
+
+/// A finished `ok` Chat Completions call of `rollout`, for tests.
+#[cfg(test)]
+pub(crate) fn test_call(rollout: &str, call_id: &str, sequence: i64) -> CompletedCall {
+    let meta = CallMeta {
+        call_id: call_id.into(),
+        rollout_id: rollout.into(),
+        sequence,
+        wire_api: crate::dialect::WireApi::ChatCompletions,
+        route: None,
+        model: Some("m".into()),
+        upstream_model: None,
+        stream: false,
+        received_at: 1,
+        user_agent: None,
+        upstream_api: None,
+        attempt: 0,
+        attempt_of: None,
+        side_call: false,
+    };
+    let outcome = CallOutcome {
+        call_id: call_id.into(),
+        status: CallStatus::Ok,
+        http_status: Some(200),
+        failure_class: None,
+        failure_message: None,
+        first_byte_at: None,
+        done_at: 2,
+        replica: None,
+        repinned: false,
+        policy_version: Some(sequence),
+        policy_version_end: Some(sequence),
+        resent: 0,
+    };
+    let request =
+        format!(r#"{{"model":"m","messages":[{{"role":"user","content":"turn {sequence}"}}]}}"#);
+    CompletedCall {
+        begin: Arc::new(CallBegin {
+            meta,
+            request: Bytes::from(request),
+            upstream_request: None,
+        }),
+        outcome,
+        response: Bytes::from_static(
+            br#"{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}"#,
+        ),
+        upstream_response: None,
     }
 }

@@ -150,6 +150,7 @@ pub(crate) fn start(
     cfg: &ShardConfig,
     first_segment: u64,
     stats: &Arc<RecorderStats>,
+    feed: Option<super::feed::FeedWriter>,
 ) -> Result<(mpsc::Sender<WalMsg>, Stages), RecordError> {
     // Both stages' files are opened before either starts, so a disk that
     // cannot be written is a start-up error.
@@ -167,7 +168,7 @@ pub(crate) fn start(
         .name("rollcall-shards".into())
         .spawn(move || {
             let _alive = AliveGuard(&shard_stats.shard_alive);
-            shard::run(shard_set, rows_rx, published_tx, &shard_stats)
+            shard::run(shard_set, feed, rows_rx, published_tx, &shard_stats)
         })
         .map_err(|e| RecordError::Shard(e.to_string()))?;
     let wal_stats = stats.clone();

@@ -85,7 +85,10 @@ fn scan_shards(
     Ok(())
 }
 
-pub fn recover(cfg: &ShardConfig) -> Result<Recovered, RecordError> {
+pub fn recover(
+    cfg: &ShardConfig,
+    feed: Option<&mut super::feed::FeedWriter>,
+) -> Result<Recovered, RecordError> {
     let wal_dir = cfg.dir.join("wal");
     let io = |e: std::io::Error| RecordError::Wal(e.to_string());
     // Half-written shards of a crashed run are garbage: their rows are in the WAL.
@@ -166,6 +169,16 @@ pub fn recover(cfg: &ShardConfig) -> Result<Recovered, RecordError> {
         .filter(|f| known_finishes.insert(f.record_id.clone()))
         .collect();
     out.replayed_rollouts = finishes.len();
+    if let Some(f) = feed {
+        // The feed may hold some of these already: it keeps them once.
+        f.replaying(true);
+        let fed = rows
+            .iter()
+            .try_for_each(|r| f.call(r))
+            .and_then(|()| finishes.iter().try_for_each(|fin| f.finish(fin)));
+        f.replaying(false);
+        fed.map_err(|e| RecordError::Shard(format!("the feed: {e}")))?;
+    }
     let shard_err = |e: parquet::errors::ParquetError| RecordError::Shard(e.to_string());
     write_now(cfg, rows).map_err(shard_err)?;
     write_now(cfg, finishes).map_err(shard_err)?;
@@ -257,7 +270,7 @@ mod tests {
         };
         std::fs::create_dir_all(dir.path().join("wal")).unwrap();
         std::fs::write(segment_path(&dir.path().join("wal"), 3), data).unwrap();
-        let out = recover(&cfg).unwrap();
+        let out = recover(&cfg, None).unwrap();
         let mut rows = 0;
         scan_shards(dir.path(), "calls", "call_id", |_, _| rows += 1).unwrap();
         assert!(list_segments(&dir.path().join("wal")).unwrap().is_empty());

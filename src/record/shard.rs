@@ -515,6 +515,7 @@ fn push_one<R: ShardRow>(
 /// holds, when the shard queue closes.
 pub(crate) fn run(
     mut set: ShardSet,
+    mut feed: Option<super::feed::FeedWriter>,
     rx: std::sync::mpsc::Receiver<ShardItem>,
     published: PublishedTx,
     stats: &RecorderStats,
@@ -538,9 +539,15 @@ pub(crate) fn run(
                 if salvaged {
                     stats.rows_salvaged.fetch_add(1, Ordering::Relaxed);
                 }
+                if let Some(Err(e)) = feed.as_mut().map(|f| f.call(&row)) {
+                    tracing::error!(error = %e, call_id = %row.call_id, "could not add a call to the feed");
+                }
                 push_one(&mut set.calls, row, segment, &published, stats)
             }
             Ok(ShardItem::Rollout { segment, finish }) => {
+                if let Some(Err(e)) = feed.as_mut().map(|f| f.finish(&finish)) {
+                    tracing::error!(error = %e, rollout = %finish.rollout_id, "could not add a finished rollout to the feed");
+                }
                 push_one(&mut set.rollouts, finish, segment, &published, stats)
             }
             Err(RecvTimeoutError::Timeout) => {}

@@ -5,6 +5,7 @@
 //! GET  /metrics                     Prometheus text
 //! POST /v1/rollouts/<id>/finish     a rollout's outcome
 //! PUT  /v1/rollouts/<id>/budget     a rollout's own budget; GET: its standing
+//! GET  /v1/rollouts/feed            finished rollouts as they finish (`feed`)
 //! GET  [/rollouts/<id>]/v1/models   forwarded to the default route
 //! ```
 
@@ -47,6 +48,18 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Proxy
             );
         }
         _ => {}
+    }
+    if path == "/v1/rollouts/feed" {
+        if req.method() != Method::GET {
+            let err = ApiError::new(
+                405,
+                "invalid_request_error",
+                "method_not_allowed",
+                "use GET",
+            );
+            return error_response(chat, &err);
+        }
+        return super::feed::serve(&state, req.uri().query());
     }
     if let Some(id) = path
         .strip_prefix("/v1/rollouts/")

@@ -16,6 +16,7 @@ pub mod attempts;
 pub mod budget;
 pub mod call;
 mod control;
+pub mod feed;
 mod layer;
 pub mod metrics;
 pub mod pause;
@@ -99,6 +100,7 @@ impl Server {
             budgets,
             gates,
             tasks: tokio_util::task::TaskTracker::new(),
+            stopping: tokio_util::sync::CancellationToken::new(),
         });
         Ok(Server {
             addr,
@@ -158,6 +160,7 @@ impl Server {
             }
         }
         drop(listener);
+        state.stopping.cancel();
         tracing::info!("shutting down: draining in-flight calls");
         let grace = Duration::from_secs(state.server.shutdown_grace_secs);
         let deadline = tokio::time::Instant::now() + grace;

@@ -30,4 +30,7 @@ pub struct State {
     /// Tasks that outlive their request (stream pumps, the records of
     /// dropped calls): shutdown waits for them.
     pub tasks: TaskTracker,
+    /// Cancelled when the server stops: long-lived answers (a followed
+    /// feed) end.
+    pub stopping: tokio_util::sync::CancellationToken,
 }

@@ -71,7 +71,9 @@ pub fn classify(method: &Method, path: &str) -> Dispatch {
         .filter(|id| check_rollout_id(id).is_ok())
         .filter(|_| wire.is_some())
         .map(str::to_owned);
-    if path.starts_with("/v1/rollouts/") && (path.ends_with("/finish") || path.ends_with("/budget"))
+    if path == "/v1/rollouts/feed"
+        || (path.starts_with("/v1/rollouts/")
+            && (path.ends_with("/finish") || path.ends_with("/budget")))
     {
         return of(Kind::Admin, api, known);
     }
@@ -181,6 +183,7 @@ mod tests {
         );
         assert_eq!(kind(Method::POST, "/v1/rollouts/r1/finish").0, "admin");
         assert_eq!(kind(Method::PUT, "/v1/rollouts/r1/budget").0, "admin");
+        assert_eq!(kind(Method::GET, "/v1/rollouts/feed").0, "admin");
         assert_eq!(
             kind(Method::GET, "/rollouts/r1/v1/models"),
             ("admin".into(), None)
