@@ -13,7 +13,8 @@ use serde_json::value::RawValue;
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Rule {
-    /// The system prompt starts with this (after leading whitespace).
+    /// The system prompt, or one of its text blocks, starts with this (after
+    /// leading whitespace): Claude Code sends its own header blocks first.
     pub system_prefix: String,
     /// `Some(false)`: only when the call offers no tools.
     pub tools: Option<bool>,
@@ -50,13 +51,13 @@ struct Block {
     text: String,
 }
 
-/// The text of a string, or of an array of text blocks.
-fn text_of(v: &RawValue) -> String {
+/// The text of a string, or of each of an array of text blocks.
+fn texts_of(v: &RawValue) -> Vec<String> {
     if let Ok(s) = serde_json::from_str::<String>(v.get()) {
-        return s;
+        return vec![s];
     }
     serde_json::from_str::<Vec<Block>>(v.get())
-        .map(|b| b.into_iter().map(|b| b.text).collect::<Vec<_>>().join("\n"))
+        .map(|b| b.into_iter().map(|b| b.text).collect())
         .unwrap_or_default()
 }
 
@@ -66,15 +67,16 @@ impl Shape<'_> {
             .is_some_and(|t| !matches!(t.get().trim(), "null" | "[]"))
     }
 
-    /// The system prompt, wherever this API keeps it.
-    fn system_prompt(&self) -> Option<String> {
+    /// The system prompt's texts (a string, or its blocks), wherever this
+    /// API keeps it.
+    fn system_prompt(&self) -> Option<Vec<String>> {
         if let Some(s) = self.system.or(self.instructions) {
-            return Some(text_of(s));
+            return Some(texts_of(s));
         }
         let msgs: Vec<Msg> = serde_json::from_str(self.messages?.get()).ok()?;
         let first = msgs.into_iter().find(|m| m.role.is_some())?;
         matches!(first.role, Some("system" | "developer"))
-            .then(|| first.content.map(text_of).unwrap_or_default())
+            .then(|| first.content.map(texts_of).unwrap_or_default())
     }
 }
 
@@ -94,9 +96,10 @@ pub fn matches(rules: &[Rule], shape: &Shape) -> bool {
     let Some(system) = shape.system_prompt() else {
         return false;
     };
-    let system = system.trim_start();
     rules.iter().any(|r| {
-        system.starts_with(r.system_prefix.as_str())
+        system
+            .iter()
+            .any(|t| t.trim_start().starts_with(r.system_prefix.as_str()))
             && r.tools.is_none_or(|t| t == shape.has_tools())
     })
 }
@@ -123,6 +126,9 @@ mod tests {
         let blocks =
             br#"{"system":[{"type":"text","text":"  You are a title generator"}],"messages":[]}"#;
         assert!(is_side_call(&rules(), blocks));
+        // Claude Code's header blocks come first.
+        let later_block = br#"{"system":[{"type":"text","text":"x-anthropic-billing-header: cc_version=2"},{"type":"text","text":"You are a title generator"}],"tools":[],"messages":[]}"#;
+        assert!(is_side_call(&rules(), later_block));
         let responses = br#"{"instructions":"You are a title generator","input":"x","tools":[]}"#;
         assert!(is_side_call(&rules(), responses));
         assert!(!is_side_call(&rules(), b"not json"));
