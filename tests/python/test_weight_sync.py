@@ -176,3 +176,54 @@ def test_rl_export_carries_policy_versions_and_filters_stale_samples(make_proxy,
     kept = pq.read_table(fresh / "rl.parquet").to_pylist()
     assert [r["rollout_id"] for r in kept] == ["new"]
     assert json.loads((fresh / "rl_report.json").read_text())["stale"] == 1
+
+
+def test_real_harnesses_through_pause_resume_cycles_export_with_policy_versions(make_proxy, upstream, tmp_path):
+    """Codex and mini-swe-agent, unchanged, run their two-turn tool task
+    through `rollcall run` while the trainer pauses (hold, then abort) and
+    resumes the route with a new policy version every second. Both finish
+    their task; every call is `ok`, and the RL export carries the version of
+    each of their calls."""
+    import test_harnesses as th
+
+    names = ["codex", "mini-swe-agent"]
+    for n in names:
+        th.need(n)
+    cfg = toml() + f'[[routes]]\nname = "policy"\nurl = "{upstream}/v1"\nkind = "vllm"\n'
+    keys = ",".join([CLIENT] + [th.key_of(f"ws-{n}") for n in names])
+    p = make_proxy(toml=cfg, env={"TEST_ADMIN_KEYS": ADMIN, "TEST_CLIENT_KEYS": keys})
+    # Slow answers (1.2 s to the head, then 8 events 150 ms apart), so that
+    # the pauses land while calls wait and while they stream.
+    model = "scripted@ttfb_ms=1200@delay_ms=150@events=8"
+    runs = {n: th.start_run(p, n, f"ws-{n}", tmp_path / n / "work", model=model, timeout=300) for n in names}
+    version, modes = 0, ["hold", "abort"]
+    while any(r.poll() is None for r in runs.values()):
+        time.sleep(0.6)
+        mode = modes[version % 2]
+        assert admin(p.url, "POST", "/v1/admin/pause", {"mode": mode}).status == 200
+        time.sleep(0.6)
+        version += 1
+        assert admin(p.url, "POST", "/v1/admin/resume", {"policy_version": version}).status == 200
+    for n, r in runs.items():
+        rc, out = th.finish_run(r)
+        assert rc == 0, f"{n}: {out[-3000:]}"
+    assert version >= 2, "the runs spanned pause/resume cycles"
+
+    h.wait_for_shards(p.url)
+    calls = h.duck_dicts(p.shards, "SELECT rollout_id, sequence, status, policy_version, policy_version_end, "
+                                   "spanned_update, resent FROM t ORDER BY rollout_id, sequence")
+    assert calls and all(c["status"] == "ok" for c in calls), calls
+    assert {c["rollout_id"] for c in calls} == {f"ws-{n}" for n in names}
+    assert all(c["policy_version"] is not None for c in calls)
+    seen = {c["policy_version"] for c in calls} | {c["policy_version_end"] for c in calls}
+    assert len(seen) > 1, f"calls ran under more than one policy version: {calls}"
+    out = tmp_path / "rl"
+    r = subprocess.run([h.rollcall_bin(), "export", "rl", "--shards", str(p.shards), "--out", str(out),
+                        "--missing-reward", "zero"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rl = {s["rollout_id"]: s for s in pq.read_table(out / "rl.parquet").to_pylist()}
+    assert set(rl) == {f"ws-{n}" for n in names}
+    for rid, s in rl.items():
+        mine = [c["policy_version"] for c in calls if c["rollout_id"] == rid]
+        assert s["policy_versions"] == mine, (rid, s["policy_versions"], mine)
+        assert s["policy_version"] == min(mine)
