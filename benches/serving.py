@@ -185,6 +185,8 @@ def join_and_leave(work: Path, rollouts: int, turns: int) -> dict:
         "hit_rate": statistics.mean(hits),
         "moved_rollouts": sum(1 for cs in by.values() if len({c["replica"] for c in cs}) > 1),
         "on_leaver": sum(1 for cs in by.values() if any(c["replica"] == leaver for c in cs)),
+        "moved_others": sum(1 for cs in by.values() if len({c["replica"] for c in cs}) > 1
+                            and all(c["replica"] != leaver for c in cs)),
         "repins": sum(1 for r in rows if r["repinned"]),
         "joiner_share": sum(1 for r in after_join if r["replica"] == v1[4]) / max(1, len(after_join)),
         "leaver_after": sum(1 for r in rows if (r["policy_version"] or 0) >= 2 and r["replica"] == leaver),
@@ -297,7 +299,7 @@ def main() -> None:
 | | figure |
 |---|---|
 | affinity hit rate (share of a rollout's calls on its first replica), one of 4 replicas leaving then rejoining | {aff['hit_rate']:.3f} over {aff['calls']} calls; {aff['moved_rollouts']} rollouts moved, {aff['repins']} re-pins recorded |
-| affinity hit rate, replicas joining and leaving by resume with `urls` (4 replicas, a 5th joins a third in, one leaves two thirds in) | {jl['hit_rate']:.3f} over {jl['calls']} calls; {jl['moved_rollouts']} rollouts moved ({jl['on_leaver']} were on the replica that left), {jl['repins']} re-pins recorded, {jl['failed']} calls failed |
+| affinity hit rate, replicas joining and leaving by resume with `urls` (4 replicas, a 5th joins a third in, one leaves two thirds in) | {jl['hit_rate']:.3f} over {jl['calls']} calls; {jl['moved_rollouts']} rollouts moved ({jl['on_leaver']} were on the replica that left, {jl['moved_others']} were not), {jl['repins']} re-pins recorded, {jl['failed']} calls failed |
 | share of the calls after the join served by the joiner; calls sent to the leaver after it left | {jl['joiner_share']:.3f}; {jl['leaver_after']} |
 | call latency just before the replica died, p50 / p99 | {aff['before_p50'] * ms:.1f} / {aff['before_p99'] * ms:.1f} ms |
 | call latency of the first turn after it died (fail over on connect refused), p50 / p99 / max | {aff['kill_p50'] * ms:.1f} / {aff['kill_p99'] * ms:.1f} / {aff['kill_max'] * ms:.1f} ms |
