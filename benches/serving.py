@@ -6,13 +6,19 @@ route, and prints a table.
    replica is killed a third of the way in and restarted on its port two
    thirds in. The hit rate is the share of a rollout's calls served by its
    first replica (from the shards' `replica` column).
-2. Time to fail over: the latency of the first calls after a replica dies
+2. Affinity hit rate while replicas join and leave through the admin
+   endpoint: a pool of 4; a fifth replica joins a third of the way in
+   (`POST /v1/admin/resume` with `urls`), and one leaves two thirds in (a
+   resume without it; it is then stopped). Half the rollouts start at the
+   beginning, half at the join. Also: rollouts moved, the joiner's share of
+   the calls after it joined, and calls failed (the harness got no 200).
+3. Time to fail over: the latency of the first calls after a replica dies
    (their connect is refused and they go to the next replica), against calls
    before.
-3. Added latency during pause/resume cycles (`hold` for 200 ms, then resume
+4. Added latency during pause/resume cycles (`hold` for 200 ms, then resume
    with a new policy version) at a steady concurrent load, against the same
    load without pauses.
-4. Pool routing throughput against a single upstream, with wrk (C, light),
+5. Pool routing throughput against a single upstream, with wrk (C, light),
    side by side: a route of one replica, and a pool of four (affinity, one
    rollout id per connection).
 
@@ -131,6 +137,63 @@ def affinity_and_failover(work: Path, rollouts: int, turns: int) -> dict:
     }
 
 
+def join_and_leave(work: Path, rollouts: int, turns: int) -> dict:
+    reps = [start_replica(work, f"j{i}") for i in range(5)]
+    v1 = [f"{r.url}/v1" for r in reps]
+    proxy = h.start_proxy(work / "join", reps[0].url, toml=pool_toml([r.url for r in reps[:4]]),
+                          env={"BENCH_ADMIN_KEYS": ADMIN})
+    failed = 0
+    lock = threading.Lock()
+
+    def one(rollout: str, text: str) -> None:
+        nonlocal failed
+        r = h.post_json(proxy.url, f"/rollouts/{rollout}/v1/chat/completions",
+                        {"model": "m", "messages": [{"role": "user", "content": text}]})
+        if r.status != 200:
+            with lock:
+                failed += 1
+
+    join_at, leave_at = turns // 3, 2 * turns // 3
+    early = [f"jl-a{i}" for i in range(rollouts // 2)]
+    late = [f"jl-b{i}" for i in range(rollouts - rollouts // 2)]
+    leaver = v1[1]
+    try:
+        with ThreadPoolExecutor(8) as ex:
+            for turn in range(turns):
+                if turn == join_at:
+                    admin(proxy.url, "/v1/admin/resume", {"policy_version": 1, "route": "pool", "urls": v1})
+                if turn == leave_at:
+                    admin(proxy.url, "/v1/admin/resume",
+                          {"policy_version": 2, "route": "pool", "urls": [u for u in v1 if u != leaver]})
+                    reps[1].kill()  # scaled down: nothing may reach it now
+                ids = early + (late if turn >= join_at else [])
+                list(ex.map(lambda r: one(r, f"{r} turn {turn}"), ids))
+        h.wait_for_shards(proxy.url)
+        rows = h.duck_dicts(proxy.shards, "SELECT rollout_id, sequence, status, replica, repinned, "
+                                          "policy_version FROM t")
+    finally:
+        proxy.kill()
+        for r in reps:
+            r.kill()
+    by: dict[str, list[dict]] = {}
+    for r in sorted(rows, key=lambda r: r["sequence"]):
+        by.setdefault(r["rollout_id"], []).append(r)
+    hits = [sum(1 for c in cs if c["replica"] == cs[0]["replica"]) / len(cs) for cs in by.values()]
+    after_join = [r for r in rows if (r["policy_version"] or 0) >= 1]
+    return {
+        "calls": len(rows),
+        "hit_rate": statistics.mean(hits),
+        "moved_rollouts": sum(1 for cs in by.values() if len({c["replica"] for c in cs}) > 1),
+        "on_leaver": sum(1 for cs in by.values() if any(c["replica"] == leaver for c in cs)),
+        "moved_others": sum(1 for cs in by.values() if len({c["replica"] for c in cs}) > 1
+                            and all(c["replica"] != leaver for c in cs)),
+        "repins": sum(1 for r in rows if r["repinned"]),
+        "joiner_share": sum(1 for r in after_join if r["replica"] == v1[4]) / max(1, len(after_join)),
+        "leaver_after": sum(1 for r in rows if (r["policy_version"] or 0) >= 2 and r["replica"] == leaver),
+        "failed": failed,
+    }
+
+
 def pause_cycles(work: Path, seconds: float, cycles: int) -> dict:
     rep = start_replica(work, "p0")
     proxy = h.start_proxy(work / "pause", rep.url, toml=pool_toml([rep.url]), env={"BENCH_ADMIN_KEYS": ADMIN})
@@ -225,6 +288,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="rollcall-serving-bench-"))
     try:
         aff = affinity_and_failover(work, 40 if a.quick else 120, 6 if a.quick else 12)
+        jl = join_and_leave(work, 40 if a.quick else 120, 6 if a.quick else 12)
         pau = pause_cycles(work, 4 if a.quick else 12, 3 if a.quick else 8)
         tp = throughput(work, 3 if a.quick else 10)
     finally:
@@ -235,6 +299,8 @@ def main() -> None:
 | | figure |
 |---|---|
 | affinity hit rate (share of a rollout's calls on its first replica), one of 4 replicas leaving then rejoining | {aff['hit_rate']:.3f} over {aff['calls']} calls; {aff['moved_rollouts']} rollouts moved, {aff['repins']} re-pins recorded |
+| affinity hit rate, replicas joining and leaving by resume with `urls` (4 replicas, a 5th joins a third in, one leaves two thirds in) | {jl['hit_rate']:.3f} over {jl['calls']} calls; {jl['moved_rollouts']} rollouts moved ({jl['on_leaver']} were on the replica that left, {jl['moved_others']} were not), {jl['repins']} re-pins recorded, {jl['failed']} calls failed |
+| share of the calls after the join served by the joiner; calls sent to the leaver after it left | {jl['joiner_share']:.3f}; {jl['leaver_after']} |
 | call latency just before the replica died, p50 / p99 | {aff['before_p50'] * ms:.1f} / {aff['before_p99'] * ms:.1f} ms |
 | call latency of the first turn after it died (fail over on connect refused), p50 / p99 / max | {aff['kill_p50'] * ms:.1f} / {aff['kill_p99'] * ms:.1f} / {aff['kill_max'] * ms:.1f} ms |
 | latency at 8 concurrent callers without pauses, p50 / p99 | {pau['base_p50'] * ms:.1f} / {pau['base_p99'] * ms:.1f} ms ({pau['base_n']} calls) |
@@ -242,8 +308,8 @@ def main() -> None:
 | added latency during the cycles, p50 / p99 | {(pau['cyc_p50'] - pau['base_p50']) * ms:+.1f} / {(pau['cyc_p99'] - pau['base_p99']) * ms:+.1f} ms |
 | wrk, 64 connections: single upstream / pool of 4 (affinity, 512 rollouts) | {tp['one']:.0f} / {tp['pool']:.0f} calls/s ({tp['pool'] / tp['one']:.2f}x) |
 
-The Python callers (sections 1-3) cost more CPU than the proxy; compare
-figures within a row. wrk (section 4) runs two interleaved rounds per
+The Python callers (sections 1-4) cost more CPU than the proxy; compare
+figures within a row. wrk (section 5) runs two interleaved rounds per
 target on the same 2 cores as the proxy and the replicas.""")
 
 

@@ -455,6 +455,25 @@ impl RouteConfig {
     }
 }
 
+/// A pool's replica URLs, as the config and `POST /v1/admin/resume` take
+/// them: at least one, each `http://` or `https://`, none twice (a trailing
+/// `/` aside: a replica is known by its URL).
+pub fn check_replica_urls(urls: &[String]) -> Result<(), String> {
+    if urls.is_empty() {
+        return Err("no replica url given".into());
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for u in urls {
+        if !(u.starts_with("http://") || u.starts_with("https://")) {
+            return Err(format!("url {u:?} must start with http:// or https://"));
+        }
+        if !seen.insert(u.trim_end_matches('/')) {
+            return Err(format!("url {u:?} is given twice"));
+        }
+    }
+    Ok(())
+}
+
 /// How a pool's replica is chosen (`policy`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -535,13 +554,8 @@ impl Config {
                 if urls.is_empty() {
                     return invalid(format!("route {:?}: give url (or urls)", r.name));
                 }
-                for u in &urls {
-                    if !(u.starts_with("http://") || u.starts_with("https://")) {
-                        return invalid(format!(
-                            "route {:?}: url {u:?} must start with http:// or https://",
-                            r.name
-                        ));
-                    }
+                if let Err(e) = check_replica_urls(&urls) {
+                    return invalid(format!("route {:?}: {e}", r.name));
                 }
             }
             if r.response_timeout_secs <= 0.0 || r.idle_timeout_secs <= 0.0 {
@@ -630,6 +644,12 @@ mod tests {
         let c = Config::parse("[[routes]]\nname = \"a\"\nurl = \"ftp://x\"\n").unwrap();
         let err = c.validate().unwrap_err().to_string();
         assert!(err.contains("must start with http"), "{err}");
+        let c = Config::parse(
+            "[[routes]]\nname = \"a\"\nurl = \"http://x/v1\"\nurls = [\"http://x/v1/\"]\n",
+        )
+        .unwrap();
+        let err = c.validate().unwrap_err().to_string();
+        assert!(err.contains("given twice"), "{err}");
         let mut c = Config::default();
         c.set_upstream("http://127.0.0.1:9/v1");
         c.server.max_response_bytes = 5 << 30;

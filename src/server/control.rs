@@ -3,11 +3,23 @@
 //!
 //! ```text
 //! POST /v1/admin/pause    {"mode": "hold" | "abort", "route"?: NAME}
-//! POST /v1/admin/resume   {"policy_version"?: N, "route"?: NAME}
+//! POST /v1/admin/resume   {"policy_version"?: N, "route"?: NAME, "urls"?: [URL, ...]}
 //! GET  /v1/admin/status   [?route=NAME]
 //! ```
 //!
 //! Without `route`, every route. See [`super::pause`] for what the modes do.
+//!
+//! `urls` on a resume replaces one route's replicas (so it needs `route`),
+//! checked as the config checks a route's `urls` (at least one, `http://`
+//! or `https://`, none twice); a bad list is a 400 and changes nothing, the
+//! gate included. The new set takes effect before the gate opens, so held
+//! and cut calls go to it; calls already sent finish where they are
+//! (`upstream::pool` says what joins and leaves keep). A route that is not
+//! paused takes `urls` too: the resume then just swaps its replicas.
+//!
+//! Every answer is the status of the routes it names: per route `paused`,
+//! `policy_version`, `held_calls` and `replicas` (the base URLs now,
+//! redacted).
 
 use super::layer::client_key::client_key;
 use super::pause::{Gate, Mode};
@@ -32,6 +44,8 @@ struct Pause {
 struct Resume {
     policy_version: Option<i64>,
     route: Option<String>,
+    /// The route's new replica set.
+    urls: Option<Vec<String>>,
 }
 
 fn error(status: u16, code: &str, message: String) -> Response<ProxyBody> {
@@ -68,13 +82,27 @@ fn gates<'a>(
     }
 }
 
-fn status(gates: &[(&String, &Arc<Gate>)]) -> serde_json::Value {
+fn status(state: &State, gates: &[(&String, &Arc<Gate>)]) -> serde_json::Value {
     let routes: serde_json::Map<String, serde_json::Value> = gates
         .iter()
         .map(|(n, g)| {
+            let replicas: Vec<String> = state
+                .routes
+                .all()
+                .iter()
+                .find(|r| &r.name == *n)
+                .map(|r| {
+                    r.pool
+                        .snapshot()
+                        .replicas()
+                        .iter()
+                        .map(|x| crate::redact::redacted(&x.url))
+                        .collect()
+                })
+                .unwrap_or_default();
             (
                 (*n).clone(),
-                json!({"paused": g.paused(), "policy_version": g.version(), "held_calls": g.waiting()}),
+                json!({"paused": g.paused(), "policy_version": g.version(), "held_calls": g.waiting(), "replicas": replicas}),
             )
         })
         .collect();
@@ -110,7 +138,7 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Proxy
     let parse_err = |e: serde_json::Error| error(400, "invalid_body", e.to_string());
     match (method, path.as_str()) {
         (Method::GET, "/v1/admin/status") => match gates(&state, query_route.as_deref()) {
-            Ok(g) => json_response(200, &status(&g)),
+            Ok(g) => json_response(200, &status(&state, &g)),
             Err(r) => r.answer(),
         },
         (Method::POST, "/v1/admin/pause") => {
@@ -124,7 +152,7 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Proxy
                         gate.pause(p.mode);
                         tracing::info!(route = %name, mode = ?p.mode, "route paused");
                     }
-                    json_response(200, &status(&g))
+                    json_response(200, &status(&state, &g))
                 }
                 Err(r) => r.answer(),
             }
@@ -134,16 +162,42 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Proxy
                 Ok(r) => r,
                 Err(e) => return parse_err(e),
             };
-            match gates(&state, r.route.as_deref()) {
-                Ok(g) => {
-                    for (name, gate) in &g {
-                        gate.resume(r.policy_version);
-                        tracing::info!(route = %name, policy_version = gate.version(), "route resumed");
+            let g = match gates(&state, r.route.as_deref()) {
+                Ok(g) => g,
+                Err(r) => return r.answer(),
+            };
+            if let Some(urls) = &r.urls {
+                let Some(name) = &r.route else {
+                    return error(
+                        400,
+                        "invalid_body",
+                        "`urls` replaces one route's replicas: name it with `route`".into(),
+                    );
+                };
+                let Some(route) = state.routes.all().iter().find(|x| &x.name == name) else {
+                    return UnknownRoute(name.clone()).answer();
+                };
+                match route.replace_urls(urls) {
+                    Ok(change) => tracing::info!(
+                        route = %name,
+                        joined = ?change.joined.iter().map(|u| crate::redact::redacted(u)).collect::<Vec<_>>(),
+                        left = ?change.left.iter().map(|u| crate::redact::redacted(u)).collect::<Vec<_>>(),
+                        "route replicas replaced"
+                    ),
+                    Err(e) => {
+                        return error(
+                            400,
+                            "invalid_urls",
+                            crate::redact::redacted(&format!("route {name:?}: {e}")),
+                        )
                     }
-                    json_response(200, &status(&g))
                 }
-                Err(r) => r.answer(),
             }
+            for (name, gate) in &g {
+                gate.resume(r.policy_version);
+                tracing::info!(route = %name, policy_version = gate.version(), "route resumed");
+            }
+            json_response(200, &status(&state, &g))
         }
         (_, p) => error(
             404,

@@ -35,8 +35,6 @@ pub enum UpstreamError {
 pub struct Route {
     pub name: String,
     pub pool: pool::Pool,
-    /// Per replica: its base URL + each API endpoint, parsed once.
-    endpoint_urls: Vec<Vec<(&'static str, reqwest::Url)>>,
     health_interval: Duration,
     api_key: Option<String>,
     patterns: Vec<String>,
@@ -90,37 +88,15 @@ impl Route {
             .retry(reqwest::retry::never())
             .build()
             .map_err(|e| ConfigError::Invalid(format!("route {:?}: {e}", c.name)))?;
-        let endpoint_urls = urls
-            .iter()
-            .map(|url| {
-                let base = url.trim_end_matches('/');
-                [
-                    "/chat/completions",
-                    "/responses",
-                    "/completions",
-                    "/messages",
-                    "/models",
-                ]
-                .into_iter()
-                .map(|e| {
-                    reqwest::Url::parse(&format!("{base}{e}"))
-                        .map(|u| (e, u))
-                        .map_err(|err| {
-                            ConfigError::Invalid(format!("route {:?}: url {url:?}: {err}", c.name))
-                        })
-                })
-                .collect::<Result<Vec<_>, _>>()
-            })
-            .collect::<Result<Vec<_>, _>>()?;
         let pool = pool::Pool::new(
             &urls,
             c.policy,
             c.affinity_margin,
             Duration::from_millis(c.down_cooldown_ms),
-        );
+        )
+        .map_err(|e| ConfigError::Invalid(format!("route {:?}: {e}", c.name)))?;
         Ok(Self {
             name: c.name.clone(),
-            endpoint_urls,
             pool,
             health_interval: Duration::from_millis(c.health_interval_ms),
             api_key,
@@ -236,8 +212,8 @@ impl Route {
         if self.kind == RouteKind::Anthropic && !headers.contains_key("anthropic-version") {
             headers.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
         }
-        let single = self.pool.replicas().len() == 1;
-        let mut tried: Vec<usize> = Vec::new();
+        let single = self.pool.snapshot().len() == 1;
+        let mut tried: Vec<Arc<pool::Replica>> = Vec::new();
         let mut attempt = 0;
         let mut last = UpstreamError::Connect("the route has no replica".into());
         let mut repinned = false;
@@ -247,9 +223,8 @@ impl Route {
             };
             repinned |= lease.repinned;
             lease.repinned = repinned;
-            let urls = &self.endpoint_urls[lease.index];
-            let url = match urls.iter().find(|(e, _)| *e == endpoint) {
-                Some((_, u)) => u.clone(),
+            let url = match lease.replica.endpoint(endpoint) {
+                Some(u) => u.clone(),
                 None => reqwest::Url::parse(&format!("{}{endpoint}", lease.replica.url))
                     .map_err(|e| UpstreamError::Request(format!("bad upstream URL: {e}")))?,
             };
@@ -262,7 +237,7 @@ impl Route {
                 Err(_) => return Err(UpstreamError::Timeout(self.response_timeout)),
                 Ok(Ok(resp)) => {
                     if resp.status().is_server_error() && !single {
-                        self.pool.mark_down(lease.index);
+                        self.pool.mark_down(&lease.replica);
                     }
                     return Ok(Sent { resp, lease });
                 }
@@ -277,8 +252,8 @@ impl Route {
                         return Err(last);
                     }
                     tracing::warn!(route = %self.name, replica = %crate::redact::redacted(&lease.replica.url), error = %last, "replica unreachable; failing over");
-                    self.pool.mark_down(lease.index);
-                    tried.push(lease.index);
+                    self.pool.mark_down(&lease.replica);
+                    tried.push(lease.replica.clone());
                     repinned = rollout.is_some();
                 }
                 Ok(Err(e)) if e.is_timeout() => {
@@ -289,11 +264,34 @@ impl Route {
         }
     }
 
+    /// Replace the route's replicas with `urls` (`POST /v1/admin/resume`
+    /// with `urls`; see [`pool::Pool::replace`]): the same checks as the
+    /// config's `urls`, and none for an embedded route, whose one replica
+    /// is its in-process model server. Calls already sent finish where they
+    /// are; the next calls, and the probes, see the new set.
+    pub fn replace_urls(&self, urls: &[String]) -> Result<pool::Change, String> {
+        if self.kind == RouteKind::Embedded {
+            return Err("an embedded route runs its model in-process and takes no url".into());
+        }
+        let change = self.pool.replace(urls)?;
+        for url in &change.joined {
+            if let Ok(u) = reqwest::Url::parse(url) {
+                if let Some(p) = u.password() {
+                    crate::redact::register_secret(p);
+                }
+            }
+        }
+        Ok(change)
+    }
+
     /// Probe every replica of a pool (`GET <url>/models`) every
-    /// `health_interval_ms`, for as long as the route lives. A pool of one
-    /// is not probed: it has nowhere else to send a call.
+    /// `health_interval_ms`, for as long as the route lives; each round
+    /// probes the replicas the pool has then. A pool of one is not probed
+    /// (it has nowhere else to send a call), but the loop runs on, since a
+    /// resume may give the route more replicas. Embedded routes, which
+    /// always have one, have no loop.
     pub fn start_health(self: &Arc<Self>) {
-        if self.pool.replicas().len() < 2 || self.health_interval.is_zero() {
+        if self.kind == RouteKind::Embedded || self.health_interval.is_zero() {
             return;
         }
         let route = Arc::downgrade(self);
@@ -304,9 +302,12 @@ impl Route {
             loop {
                 tick.tick().await;
                 let Some(r) = route.upgrade() else { return };
-                for i in 0..r.pool.replicas().len() {
-                    let Some((_, url)) = r.endpoint_urls[i].iter().find(|(e, _)| *e == "/models")
-                    else {
+                let set = r.pool.snapshot();
+                if set.len() < 2 {
+                    continue;
+                }
+                for replica in set.replicas() {
+                    let Some(url) = replica.endpoint("/models") else {
                         continue;
                     };
                     let probe = r
@@ -314,8 +315,8 @@ impl Route {
                         .get(url.clone())
                         .timeout(every.min(Duration::from_secs(2)));
                     match probe.send().await {
-                        Ok(resp) if !resp.status().is_server_error() => r.pool.mark_up(i),
-                        _ => r.pool.down_for(i, every * 2),
+                        Ok(resp) if !resp.status().is_server_error() => r.pool.mark_up(replica),
+                        _ => r.pool.down_for(replica, every * 2),
                     }
                 }
             }

@@ -2,14 +2,28 @@
 //!
 //! - **Policies** ([`Policy`]): `affinity` pins a rollout to one replica,
 //!   chosen on a consistent-hash ring of the replicas (so adding or removing
-//!   one moves few rollouts), and re-pins it when that replica is down or
-//!   has `margin` more calls in flight than the least-loaded healthy one;
-//!   `least_loaded` and `round_robin` look at healthy replicas only.
+//!   one moves few rollouts), and re-pins it when that replica is down, has
+//!   left the pool, or has `margin` more calls in flight than the
+//!   least-loaded healthy one; `least_loaded` and `round_robin` look at
+//!   healthy replicas only.
 //! - **Health**: a replica is down until a deadline: a failed call (connect
 //!   error, 5xx) marks it down for `cooldown`, a failed probe for twice the
 //!   probe interval; a good probe brings it back at once. When every
 //!   replica is down, calls still go to the one the policy prefers (an
 //!   error from it is better than refusing).
+//! - **Joins and leaves** ([`Pool::replace`], from `POST /v1/admin/resume`
+//!   with `urls`): a replica is known by its URL. One whose URL stays keeps
+//!   its state (health, calls in flight, the rollouts pinned to it); new
+//!   ones join the ring; one that leaves takes no new calls, while the calls
+//!   already on it finish (a [`Lease`] holds its [`Replica`], not a place in
+//!   the set). The ring is rebuilt from the URLs, so a join takes about
+//!   1/(n+1) of the ring (new rollouts, and those whose replica left), and a
+//!   leave moves only the rollouts pinned to the replica that left (re-pinned
+//!   on their next call, and recorded as such).
+//!
+//! The set is an `Arc<ReplicaSet>` behind an `RwLock`: a pick holds the read
+//! lock only to clone the `Arc` and works on that snapshot, so calls never
+//! wait on each other, and a replacement swaps in a whole new set.
 //!
 //! Untagged calls (no rollout) go to the least-loaded replica.
 
@@ -18,7 +32,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 /// Points per replica on the hash ring: enough that the rollouts spread
@@ -27,25 +41,79 @@ const VNODES: u64 = 128;
 /// Rollouts whose pin is remembered; past it the oldest half is forgotten
 /// (a forgotten rollout goes back to its ring replica).
 const MAX_PINS: usize = 65_536;
+/// The API endpoints under a replica's base URL, parsed once.
+const ENDPOINTS: [&str; 5] = [
+    "/chat/completions",
+    "/responses",
+    "/completions",
+    "/messages",
+    "/models",
+];
 
 /// One model server of a pool.
 #[derive(Debug)]
 pub struct Replica {
     /// Its base URL, e.g. `http://10.0.0.7:8000/v1`.
     pub url: String,
+    /// The base URL + each of [`ENDPOINTS`].
+    endpoints: Vec<(&'static str, reqwest::Url)>,
     /// Calls in flight on it now.
     in_flight: AtomicUsize,
     /// Down until this many ms after the pool's epoch (0: up).
     down_until: AtomicU64,
 }
 
-/// A replica taken for a call: counted in flight until dropped.
+impl Replica {
+    fn new(url: &str) -> Result<Replica, String> {
+        let url = url.trim_end_matches('/');
+        let endpoints = ENDPOINTS
+            .into_iter()
+            .map(|e| {
+                reqwest::Url::parse(&format!("{url}{e}"))
+                    .map(|u| (e, u))
+                    .map_err(|err| format!("url {url:?}: {err}"))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Replica {
+            url: url.to_owned(),
+            endpoints,
+            in_flight: AtomicUsize::new(0),
+            down_until: AtomicU64::new(0),
+        })
+    }
+
+    /// Its URL for one of the API endpoints (`/chat/completions`, …,
+    /// `/models`).
+    pub fn endpoint(&self, endpoint: &str) -> Option<&reqwest::Url> {
+        self.endpoints
+            .iter()
+            .find(|(e, _)| *e == endpoint)
+            .map(|(_, u)| u)
+    }
+
+    /// Calls in flight on it now.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+}
+
+/// A replica taken for a call: counted in flight until dropped. It holds
+/// the replica itself, so it stays valid when the replica leaves the pool.
 #[derive(Debug)]
 pub struct Lease {
     pub replica: Arc<Replica>,
-    pub index: usize,
     /// The rollout was moved here from its pinned replica.
     pub repinned: bool,
+}
+
+impl Lease {
+    fn new(replica: &Arc<Replica>, repinned: bool) -> Lease {
+        replica.in_flight.fetch_add(1, Ordering::Relaxed);
+        Lease {
+            replica: replica.clone(),
+            repinned,
+        }
+    }
 }
 
 impl Drop for Lease {
@@ -54,19 +122,12 @@ impl Drop for Lease {
     }
 }
 
-/// The replicas of one route.
+/// The replicas of a pool at one moment, and their ring.
 #[derive(Debug)]
-pub struct Pool {
+pub struct ReplicaSet {
     replicas: Vec<Arc<Replica>>,
     /// (point, replica index), sorted by point.
     ring: Vec<(u64, usize)>,
-    policy: Policy,
-    margin: usize,
-    cooldown: Duration,
-    next: AtomicUsize,
-    pins: Mutex<HashMap<String, (usize, u64)>>,
-    pin_clock: AtomicU64,
-    epoch: Instant,
 }
 
 fn hash<T: Hash + ?Sized>(t: &T) -> u64 {
@@ -75,75 +136,33 @@ fn hash<T: Hash + ?Sized>(t: &T) -> u64 {
     h.finish()
 }
 
-impl Pool {
-    pub fn new(urls: &[String], policy: Policy, margin: usize, cooldown: Duration) -> Pool {
-        let replicas: Vec<Arc<Replica>> = urls
-            .iter()
-            .map(|u| {
-                Arc::new(Replica {
-                    url: u.trim_end_matches('/').to_owned(),
-                    in_flight: AtomicUsize::new(0),
-                    down_until: AtomicU64::new(0),
-                })
-            })
-            .collect();
+impl ReplicaSet {
+    fn new(replicas: Vec<Arc<Replica>>) -> ReplicaSet {
+        // A replica's points hash its URL, so they are the same in every set
+        // it is part of: that is what keeps the moves few.
         let mut ring: Vec<(u64, usize)> = replicas
             .iter()
             .enumerate()
             .flat_map(|(i, r)| (0..VNODES).map(move |v| (hash(&(r.url.as_str(), v)), i)))
             .collect();
         ring.sort_unstable();
-        Pool {
-            replicas,
-            ring,
-            policy,
-            margin,
-            cooldown,
-            next: AtomicUsize::new(0),
-            pins: Mutex::new(HashMap::new()),
-            pin_clock: AtomicU64::new(0),
-            epoch: Instant::now(),
-        }
+        ReplicaSet { replicas, ring }
     }
 
     pub fn replicas(&self) -> &[Arc<Replica>] {
         &self.replicas
     }
 
-    fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
+    pub fn len(&self) -> usize {
+        self.replicas.len()
     }
 
-    pub fn is_up(&self, i: usize) -> bool {
-        self.replicas
-            .get(i)
-            .is_some_and(|r| r.down_until.load(Ordering::Relaxed) <= self.now_ms())
+    pub fn is_empty(&self) -> bool {
+        self.replicas.is_empty()
     }
 
-    /// A call to replica `i` failed: no new calls for the cooldown.
-    pub fn mark_down(&self, i: usize) {
-        self.down_for(i, self.cooldown);
-    }
-
-    /// Down for `d` (a failed probe).
-    pub fn down_for(&self, i: usize, d: Duration) {
-        if let Some(r) = self.replicas.get(i) {
-            let until = self.now_ms() + d.as_millis().max(1) as u64;
-            r.down_until.store(until, Ordering::Relaxed);
-        }
-    }
-
-    /// A probe found replica `i` up.
-    pub fn mark_up(&self, i: usize) {
-        if let Some(r) = self.replicas.get(i) {
-            r.down_until.store(0, Ordering::Relaxed);
-        }
-    }
-
-    pub fn in_flight(&self, i: usize) -> usize {
-        self.replicas
-            .get(i)
-            .map_or(0, |r| r.in_flight.load(Ordering::Relaxed))
+    fn index_of(&self, r: &Arc<Replica>) -> Option<usize> {
+        self.replicas.iter().position(|x| Arc::ptr_eq(x, r))
     }
 
     /// The replicas in `rollout`'s ring order (its preference list).
@@ -162,32 +181,127 @@ impl Pool {
         }
         out
     }
+}
 
-    fn least_loaded(&self, candidates: impl Iterator<Item = usize>) -> Option<usize> {
-        candidates.min_by_key(|&i| (self.in_flight(i), i))
+/// What [`Pool::replace`] changed: the URLs that joined and left.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Change {
+    pub joined: Vec<String>,
+    pub left: Vec<String>,
+}
+
+/// The replicas of one route.
+#[derive(Debug)]
+pub struct Pool {
+    set: RwLock<Arc<ReplicaSet>>,
+    policy: Policy,
+    margin: usize,
+    cooldown: Duration,
+    next: AtomicUsize,
+    /// Each rollout's replica and when it was pinned there.
+    pins: Mutex<HashMap<String, (Arc<Replica>, u64)>>,
+    pin_clock: AtomicU64,
+    epoch: Instant,
+}
+
+impl Pool {
+    pub fn new(
+        urls: &[String],
+        policy: Policy,
+        margin: usize,
+        cooldown: Duration,
+    ) -> Result<Pool, String> {
+        let replicas = urls
+            .iter()
+            .map(|u| Replica::new(u).map(Arc::new))
+            .collect::<Result<_, _>>()?;
+        Ok(Pool {
+            set: RwLock::new(Arc::new(ReplicaSet::new(replicas))),
+            policy,
+            margin,
+            cooldown,
+            next: AtomicUsize::new(0),
+            pins: Mutex::new(HashMap::new()),
+            pin_clock: AtomicU64::new(0),
+            epoch: Instant::now(),
+        })
     }
 
-    fn lease(&self, index: usize, repinned: bool) -> Option<Lease> {
-        let replica = self.replicas.get(index)?.clone();
-        replica.in_flight.fetch_add(1, Ordering::Relaxed);
-        Some(Lease {
-            replica,
-            index,
-            repinned,
-        })
+    /// The replicas now (a snapshot: a later [`Pool::replace`] does not
+    /// change it).
+    pub fn snapshot(&self) -> Arc<ReplicaSet> {
+        self.set.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replace the replica set with `urls` (checked as the config checks a
+    /// route's `urls`). Replicas whose URL stays are kept as they are; the
+    /// others join or leave. Calls already sent to a replica that leaves
+    /// finish on it; its pinned rollouts are re-pinned on their next call.
+    pub fn replace(&self, urls: &[String]) -> Result<Change, String> {
+        crate::config::check_replica_urls(urls)?;
+        let mut set = self.set.write().unwrap_or_else(|p| p.into_inner());
+        let mut replicas = Vec::with_capacity(urls.len());
+        let mut change = Change::default();
+        for u in urls {
+            let url = u.trim_end_matches('/');
+            match set.replicas.iter().find(|r| r.url == url) {
+                Some(r) => replicas.push(r.clone()),
+                None => {
+                    replicas.push(Arc::new(Replica::new(url)?));
+                    change.joined.push(url.to_owned());
+                }
+            }
+        }
+        change.left = set
+            .replicas
+            .iter()
+            .filter(|r| !replicas.iter().any(|n| Arc::ptr_eq(n, r)))
+            .map(|r| r.url.clone())
+            .collect();
+        *set = Arc::new(ReplicaSet::new(replicas));
+        Ok(change)
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    pub fn is_up(&self, r: &Replica) -> bool {
+        r.down_until.load(Ordering::Relaxed) <= self.now_ms()
+    }
+
+    /// A call to `r` failed: no new calls for the cooldown.
+    pub fn mark_down(&self, r: &Replica) {
+        self.down_for(r, self.cooldown);
+    }
+
+    /// Down for `d` (a failed probe).
+    pub fn down_for(&self, r: &Replica, d: Duration) {
+        let until = self.now_ms() + d.as_millis().max(1) as u64;
+        r.down_until.store(until, Ordering::Relaxed);
+    }
+
+    /// A probe found `r` up.
+    pub fn mark_up(&self, r: &Replica) {
+        r.down_until.store(0, Ordering::Relaxed);
     }
 
     /// The replica for a call of `rollout`, not one of `exclude` (replicas
     /// that already failed this call). `None` when every replica is
     /// excluded.
-    pub fn pick(&self, rollout: Option<&str>, exclude: &[usize]) -> Option<Lease> {
-        let allowed = |i: &usize| !exclude.contains(i);
-        let healthy: Vec<usize> = (0..self.replicas.len())
+    pub fn pick(&self, rollout: Option<&str>, exclude: &[Arc<Replica>]) -> Option<Lease> {
+        let set = self.snapshot();
+        let rs = &set.replicas;
+        let allowed = |i: &usize| !exclude.iter().any(|e| Arc::ptr_eq(e, &rs[*i]));
+        let healthy: Vec<usize> = (0..rs.len())
             .filter(allowed)
-            .filter(|&i| self.is_up(i))
+            .filter(|&i| self.is_up(&rs[i]))
             .collect();
-        let fallback = || (0..self.replicas.len()).find(allowed);
-        let least = self.least_loaded(healthy.iter().copied());
+        let fallback = || (0..rs.len()).find(allowed);
+        let least = healthy
+            .iter()
+            .copied()
+            .min_by_key(|&i| (rs[i].in_flight(), i));
         match (self.policy, rollout) {
             (Policy::RoundRobin, _) => {
                 let i = if healthy.is_empty() {
@@ -195,44 +309,55 @@ impl Pool {
                 } else {
                     healthy[self.next.fetch_add(1, Ordering::Relaxed) % healthy.len()]
                 };
-                self.lease(i, false)
+                Some(Lease::new(&rs[i], false))
             }
             (Policy::LeastLoaded, _) | (Policy::Affinity, None) => {
-                self.lease(least.or_else(fallback)?, false)
+                Some(Lease::new(&rs[least.or_else(fallback)?], false))
             }
-            (Policy::Affinity, Some(r)) => self.pick_affine(r, &healthy, least, exclude),
+            (Policy::Affinity, Some(r)) => self.pick_affine(&set, r, &healthy, least, allowed),
         }
     }
 
     fn pick_affine(
         &self,
+        set: &ReplicaSet,
         rollout: &str,
         healthy: &[usize],
         least: Option<usize>,
-        exclude: &[usize],
+        allowed: impl Fn(&usize) -> bool,
     ) -> Option<Lease> {
-        let floor = least.map_or(0, |i| self.in_flight(i));
-        let fits = |i: usize| healthy.contains(&i) && self.in_flight(i) <= floor + self.margin;
+        let rs = &set.replicas;
+        let floor = least.map_or(0, |i| rs[i].in_flight());
+        // `healthy` holds allowed replicas only.
+        let fits = |i: &usize| healthy.contains(i) && rs[*i].in_flight() <= floor + self.margin;
         let mut pins = self.pins.lock().unwrap_or_else(|p| p.into_inner());
-        let pinned = pins.get(rollout).map(|p| p.0);
-        if let Some(i) = pinned.filter(|&i| fits(i) && !exclude.contains(&i)) {
-            return self.lease(i, false);
+        let pinned = pins.get(rollout).map(|p| p.0.clone());
+        // A pinned replica that has left the pool is in no set's index.
+        if let Some(i) = pinned
+            .as_ref()
+            .and_then(|p| set.index_of(p))
+            .filter(|i| fits(i))
+        {
+            return Some(Lease::new(&rs[i], false));
         }
-        let order = self.ring_order(rollout);
+        let order = set.ring_order(rollout);
         let choice = order
             .iter()
             .copied()
-            .find(|&i| fits(i) && !exclude.contains(&i))
-            .or_else(|| order.iter().copied().find(|i| !exclude.contains(i)))?;
-        let repinned = pinned.is_some_and(|p| p != choice);
+            .find(|i| fits(i))
+            .or_else(|| order.iter().copied().find(|i| allowed(i)))?;
+        let chosen = &rs[choice];
+        // Known by URL: a rollout whose replica left and came back under the
+        // same URL has not moved.
+        let repinned = pinned.is_some_and(|p| p.url != chosen.url);
         let tick = self.pin_clock.fetch_add(1, Ordering::Relaxed);
         if pins.len() >= MAX_PINS {
             let cut = tick.saturating_sub(MAX_PINS as u64 / 2);
             pins.retain(|_, (_, t)| *t >= cut);
         }
-        pins.insert(rollout.to_owned(), (choice, tick));
+        pins.insert(rollout.to_owned(), (chosen.clone(), tick));
         drop(pins);
-        self.lease(choice, repinned)
+        Some(Lease::new(chosen, repinned))
     }
 }
 
@@ -240,42 +365,65 @@ impl Pool {
 mod tests {
     use super::*;
 
+    fn url(i: usize) -> String {
+        format!("http://10.0.0.{i}:8000/v1")
+    }
+
+    fn urls(ids: impl IntoIterator<Item = usize>) -> Vec<String> {
+        ids.into_iter().map(url).collect()
+    }
+
     fn pool(n: usize, policy: Policy) -> Pool {
-        let urls: Vec<String> = (0..n)
-            .map(|i| format!("http://10.0.0.{i}:8000/v1"))
-            .collect();
-        Pool::new(&urls, policy, 2, Duration::from_secs(60))
+        Pool::new(&urls(0..n), policy, 2, Duration::from_secs(60)).unwrap()
+    }
+
+    fn nth(p: &Pool, i: usize) -> Arc<Replica> {
+        p.snapshot().replicas()[i].clone()
+    }
+
+    /// The URL of `rollout`'s first replica on a set's ring.
+    fn ring_home(set: &ReplicaSet, rollout: &str) -> String {
+        set.replicas[set.ring_order(rollout)[0]].url.clone()
+    }
+
+    /// Where `rollout`'s next call goes, and whether it moved.
+    fn goes(p: &Pool, rollout: &str) -> (String, bool) {
+        let l = p.pick(Some(rollout), &[]).unwrap();
+        (l.replica.url.clone(), l.repinned)
     }
 
     #[test]
     fn affinity_sticks_and_spreads() {
         let p = pool(4, Policy::Affinity);
-        let mut counts = [0usize; 4];
+        let mut counts: HashMap<String, usize> = HashMap::new();
         for r in 0..400 {
             let id = format!("rollout-{r}");
-            let first = p.pick(Some(&id), &[]).unwrap().index;
+            let (first, _) = goes(&p, &id);
             for _ in 0..5 {
-                assert_eq!(p.pick(Some(&id), &[]).unwrap().index, first);
+                assert_eq!(goes(&p, &id), (first.clone(), false));
             }
-            counts[first] += 1;
+            *counts.entry(first).or_default() += 1;
         }
-        assert!(counts.iter().all(|&c| c > 50), "{counts:?}");
+        assert!(
+            counts.len() == 4 && counts.values().all(|&c| c > 50),
+            "{counts:?}"
+        );
     }
 
     #[test]
     fn removing_a_replica_moves_only_its_rollouts() {
-        let four = pool(4, Policy::Affinity);
-        let urls: Vec<String> = (0..3)
-            .map(|i| format!("http://10.0.0.{i}:8000/v1"))
-            .collect();
-        let three = Pool::new(&urls, Policy::Affinity, 2, Duration::from_secs(60));
+        let four = pool(4, Policy::Affinity).snapshot();
+        let three = pool(3, Policy::Affinity).snapshot();
         let mut moved = 0;
         for r in 0..1000 {
             let id = format!("r{r}");
-            let a = four.ring_order(&id)[0];
-            let b = three.ring_order(&id)[0];
-            if a != 3 {
-                assert_eq!(a, b, "a rollout of a staying replica moved");
+            let a = ring_home(&four, &id);
+            if a != url(3) {
+                assert_eq!(
+                    a,
+                    ring_home(&three, &id),
+                    "a rollout of a staying replica moved"
+                );
             } else {
                 moved += 1;
             }
@@ -287,25 +435,26 @@ mod tests {
     fn a_down_or_overloaded_replica_is_left_and_the_move_recorded() {
         let p = pool(3, Policy::Affinity);
         let first = p.pick(Some("r"), &[]).unwrap();
-        let home = first.index;
+        let home = first.replica.clone();
         drop(first);
-        p.mark_down(home);
+        p.mark_down(&home);
         let moved = p.pick(Some("r"), &[]).unwrap();
-        assert!(moved.repinned && moved.index != home);
-        let new_home = moved.index;
+        assert!(moved.repinned && moved.replica.url != home.url);
+        let new_home = moved.replica.clone();
         drop(moved);
         // It stays on its new replica after the old one recovers.
-        p.mark_up(home);
-        let again = p.pick(Some("r"), &[]).unwrap();
-        assert_eq!((again.index, again.repinned), (new_home, false));
+        p.mark_up(&home);
+        assert_eq!(goes(&p, "r"), (new_home.url.clone(), false));
         // Overload: three more calls in flight than the least-loaded.
-        let held: Vec<Lease> = (0..3).map(|_| p.lease(new_home, false).unwrap()).collect();
+        let held: Vec<Lease> = (0..3).map(|_| Lease::new(&new_home, false)).collect();
         let off = p.pick(Some("r"), &[]).unwrap();
-        assert!(off.repinned && off.index != new_home);
+        assert!(off.repinned && off.replica.url != new_home.url);
         drop(held);
         // A failed attempt is excluded.
-        let other = p.pick(Some("r"), &[off.index]).unwrap();
-        assert_ne!(other.index, off.index);
+        let other = p
+            .pick(Some("r"), std::slice::from_ref(&off.replica))
+            .unwrap();
+        assert_ne!(other.replica.url, off.replica.url);
     }
 
     #[test]
@@ -313,20 +462,137 @@ mod tests {
         let p = pool(3, Policy::LeastLoaded);
         let a = p.pick(None, &[]).unwrap();
         let b = p.pick(None, &[]).unwrap();
-        assert_ne!(a.index, b.index);
-        p.mark_down(2);
+        assert_ne!(a.replica.url, b.replica.url);
+        p.mark_down(&nth(&p, 2));
         let c = p.pick(None, &[]).unwrap();
-        assert_ne!(c.index, 2);
+        assert_ne!(c.replica.url, url(2));
         let rr = pool(3, Policy::RoundRobin);
-        rr.mark_down(1);
-        let got: Vec<usize> = (0..4)
-            .map(|_| rr.pick(Some("x"), &[]).unwrap().index)
-            .collect();
-        assert_eq!(got, [0, 2, 0, 2]);
+        rr.mark_down(&nth(&rr, 1));
+        let got: Vec<String> = (0..4).map(|_| goes(&rr, "x").0).collect();
+        assert_eq!(got, [url(0), url(2), url(0), url(2)]);
         // Everything down: still an answer.
-        rr.mark_down(0);
-        rr.mark_down(2);
+        rr.mark_down(&nth(&rr, 0));
+        rr.mark_down(&nth(&rr, 2));
         assert!(rr.pick(None, &[]).is_some());
-        assert!(rr.pick(None, &[0, 1, 2]).is_none());
+        let all: Vec<Arc<Replica>> = rr.snapshot().replicas().to_vec();
+        assert!(rr.pick(None, &all).is_none());
+    }
+
+    #[test]
+    fn a_join_takes_about_one_in_n_plus_one_and_pinned_rollouts_stay() {
+        let p = pool(4, Policy::Affinity);
+        let ids: Vec<String> = (0..2000).map(|r| format!("r{r}")).collect();
+        let home: Vec<String> = ids.iter().map(|id| goes(&p, id).0).collect();
+        let before = p.snapshot();
+        let change = p.replace(&urls(0..5)).unwrap();
+        assert_eq!(
+            change,
+            Change {
+                joined: vec![url(4)],
+                left: vec![]
+            }
+        );
+        let after = p.snapshot();
+        // The kept replicas are the same ones, state and all.
+        for i in 0..4 {
+            assert!(Arc::ptr_eq(&before.replicas()[i], &after.replicas()[i]));
+        }
+        // On the ring, the newcomer takes about a fifth, and only from the
+        // others' shares: no rollout moves between two old replicas.
+        let mut to_new = 0;
+        for id in &ids {
+            let (a, b) = (ring_home(&before, id), ring_home(&after, id));
+            if a != b {
+                assert_eq!(b, url(4), "{id} moved between two old replicas");
+                to_new += 1;
+            }
+        }
+        assert!(to_new > 280 && to_new < 520, "{to_new} of 2000 moved");
+        // Pinned rollouts stay where they are; new ones follow the new ring.
+        for (id, h) in ids.iter().zip(&home) {
+            assert_eq!(goes(&p, id), (h.clone(), false));
+        }
+        let fresh = (0..2000)
+            .filter(|r| goes(&p, &format!("new-{r}")).0 == url(4))
+            .count();
+        assert!(fresh > 280 && fresh < 520, "{fresh} of 2000 new rollouts");
+    }
+
+    #[test]
+    fn a_leave_moves_only_the_leavers_rollouts_and_records_it() {
+        let p = pool(4, Policy::Affinity);
+        let ids: Vec<String> = (0..1000).map(|r| format!("r{r}")).collect();
+        let home: Vec<String> = ids.iter().map(|id| goes(&p, id).0).collect();
+        let kept = nth(&p, 0);
+        p.mark_down(&kept);
+        let change = p.replace(&urls([0, 1, 3])).unwrap();
+        assert_eq!(
+            change,
+            Change {
+                joined: vec![],
+                left: vec![url(2)]
+            }
+        );
+        // A kept replica keeps its health.
+        assert!(Arc::ptr_eq(&kept, &nth(&p, 0)) && !p.is_up(&nth(&p, 0)));
+        p.mark_up(&kept);
+        let mut moved = 0;
+        for (id, h) in ids.iter().zip(&home) {
+            let (now, repinned) = goes(&p, id);
+            if *h == url(2) {
+                assert!(repinned && now != url(2), "{id}");
+                moved += 1;
+                // Re-pinned once: it stays on its new replica.
+                assert_eq!(goes(&p, id), (now, false));
+            } else {
+                assert_eq!((&now, repinned), (h, false), "{id}");
+            }
+        }
+        assert!(moved > 150 && moved < 350, "{moved}");
+    }
+
+    #[test]
+    fn a_lease_on_a_replica_that_left_drops_cleanly() {
+        let p = pool(3, Policy::Affinity);
+        let lease = p.pick(Some("r"), &[]).unwrap();
+        let gone = lease.replica.clone();
+        let rest: Vec<String> = urls(0..3).into_iter().filter(|u| *u != gone.url).collect();
+        p.replace(&rest).unwrap();
+        assert_eq!(gone.in_flight(), 1);
+        // No new call goes to it, the lease's rollout included.
+        assert!(goes(&p, "r").1);
+        for r in 0..200 {
+            assert_ne!(goes(&p, &format!("x{r}")).0, gone.url);
+        }
+        assert!(p.pick(None, &[]).is_some_and(|l| l.replica.url != gone.url));
+        // A late mark (the call failed after all) is harmless.
+        p.mark_down(&lease.replica);
+        drop(lease);
+        assert_eq!(gone.in_flight(), 0);
+        // Back under the same URL: a fresh replica.
+        p.replace(&urls(0..3)).unwrap();
+        let back = p
+            .snapshot()
+            .replicas()
+            .iter()
+            .find(|r| r.url == gone.url)
+            .cloned()
+            .unwrap();
+        assert!(!Arc::ptr_eq(&back, &gone) && p.is_up(&back) && back.in_flight() == 0);
+    }
+
+    #[test]
+    fn a_bad_replacement_changes_nothing() {
+        let p = pool(3, Policy::Affinity);
+        let before = p.snapshot();
+        for bad in [
+            vec![],
+            vec![url(0), format!("{}/", url(0))],
+            vec!["ftp://10.0.0.9/v1".to_owned()],
+            vec!["http://[::1/v1".to_owned()],
+        ] {
+            assert!(p.replace(&bad).is_err(), "{bad:?}");
+        }
+        assert!(Arc::ptr_eq(&before, &p.snapshot()));
     }
 }

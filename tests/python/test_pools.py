@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+import json
 import subprocess
+import threading
+import time
 
 import pytest
 
@@ -114,3 +117,95 @@ def test_a_pool_route_is_validated(tmp_path):
     p = subprocess.run([h.rollcall_bin(), "serve", "--config", str(bad), "--listen", "127.0.0.1:0"],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode != 0 and "random" in p.stderr, p.stderr
+
+
+ADMIN = "pool-admin"
+
+
+def admin(base: str, path: str, body: dict | None = None) -> h.RawResponse:
+    data = json.dumps(body).encode() if body is not None else None
+    return h.raw_request(base, "POST" if body is not None else "GET", path, data,
+                         {"Authorization": f"Bearer {ADMIN}", "Content-Type": "application/json"})
+
+
+def test_resume_with_urls_replaces_the_replicas_and_moves_only_the_leavers_rollouts(replicas, make_proxy, tmp_path):
+    """Three replicas; a resume adds a fourth and removes one. Rollouts on the
+    kept replicas stay; the removed one's move (recorded as re-pinned) and it
+    takes no new call, while the call it was serving finishes; no call fails."""
+    joiner = h.start_upstream(tmp_path / "r3", name="r3")
+    try:
+        urls = [r.url for r in replicas]
+        cfg = pool_toml(urls).replace("[shards]", f'[server]\nadmin_keys_env = "TEST_ADMIN_KEYS"\n[shards]', 1)
+        proxy = make_proxy(toml=cfg, env={"TEST_ADMIN_KEYS": ADMIN})
+        v1 = [f"{u}/v1" for u in urls]
+        st = admin(proxy.url, "/v1/admin/status").json()
+        assert st["routes"]["pool"]["replicas"] == v1, st
+
+        rollouts = [f"move-{i}" for i in range(30)]
+        for turn in range(2):
+            for r in rollouts:
+                resp = chat(proxy.url, r, f"{r} turn {turn}", stream=turn % 2 == 1)
+                assert resp.status == 200, resp.body
+        home = {}
+        for row in rows(proxy):
+            assert home.setdefault(row["rollout_id"], row["replica"]) == row["replica"], row
+        assert set(home.values()) == set(v1), Counter(home.values())
+
+        # Bad lists are refused whole, in the endpoint's error shape.
+        for body, code in [
+            ({"urls": [f"{joiner.url}/v1"]}, "invalid_body"),  # no route
+            ({"route": "pool", "urls": []}, "invalid_urls"),
+            ({"route": "pool", "urls": [v1[0], v1[0] + "/"]}, "invalid_urls"),
+            ({"route": "pool", "urls": ["ftp://127.0.0.1:1/v1"]}, "invalid_urls"),
+            ({"route": "pool", "urls": "http://127.0.0.1:1/v1"}, "invalid_body"),
+        ]:
+            r = admin(proxy.url, "/v1/admin/resume", body)
+            assert r.status == 400 and r.json()["error"]["code"] == code, (body, r.status, r.body)
+        assert admin(proxy.url, "/v1/admin/resume", {"route": "nope", "urls": v1}).status == 404
+        assert admin(proxy.url, "/v1/admin/status").json()["routes"]["pool"]["replicas"] == v1
+
+        # A slow call is on the replica that leaves when the resume comes.
+        gone = v1[1]
+        slow_rollout = next(r for r in rollouts if home[r] == gone)
+        out: dict = {}
+        slow = threading.Thread(target=lambda: out.setdefault(
+            "r", chat(proxy.url, slow_rollout, "slow one", model="m@ttfb_ms=1500")))
+        slow.start()
+        time.sleep(0.4)
+        new_urls = [v1[0], v1[2], f"{joiner.url}/v1"]
+        r = admin(proxy.url, "/v1/admin/resume", {"policy_version": 1, "route": "pool", "urls": new_urls})
+        assert r.status == 200, r.body
+        assert r.json()["routes"]["pool"]["replicas"] == new_urls
+        assert r.json()["routes"]["pool"]["policy_version"] == 1
+        slow.join(30)
+        assert out["r"].status == 200, out["r"].body
+
+        fresh = [f"fresh-{i}" for i in range(30)]
+        for turn in range(2, 4):
+            for rid in rollouts + fresh:
+                resp = chat(proxy.url, rid, f"{rid} turn {turn}", stream=turn % 2 == 1)
+                assert resp.status == 200, (rid, resp.status, resp.body)
+        all_rows = rows(proxy)
+        assert all(row["status"] == "ok" for row in all_rows), [x for x in all_rows if x["status"] != "ok"]
+        slow_row = [x for x in all_rows if x["rollout_id"] == slow_rollout and x["sequence"] == 2]
+        assert slow_row and slow_row[0]["replica"] == gone, slow_row
+        after = defaultdict(list)
+        for row in sorted(all_rows, key=lambda x: x["sequence"]):
+            if row["rollout_id"] in fresh or row["sequence"] >= 2 + (row["rollout_id"] == slow_rollout):
+                after[row["rollout_id"]].append(row)
+        moved = 0
+        for rid in rollouts:
+            calls = after[rid]
+            assert len(calls) == 2, (rid, calls)
+            now = {c["replica"] for c in calls}
+            assert len(now) == 1 and gone not in now, (rid, calls)
+            if home[rid] == gone:
+                moved += 1
+                assert calls[0]["repinned"] is True and calls[1]["repinned"] is False, (rid, calls)
+            else:
+                assert now == {home[rid]} and not any(c["repinned"] for c in calls), (rid, calls)
+        assert moved == sum(1 for r in rollouts if home[r] == gone) > 0
+        served_after = Counter(c["replica"] for cs in after.values() for c in cs)
+        assert gone not in served_after and f"{joiner.url}/v1" in served_after, served_after
+    finally:
+        joiner.kill()
