@@ -1,5 +1,5 @@
 """Upstream pools on loopback: several real replicas of the scripted model
-server behind one route. Affinity keeps a rollout on one replica; killing a
+server (and of the embedded model) behind one route. Affinity keeps a rollout on one replica; killing a
 replica mid-run fails its rollouts over without losing a call; the other
 policies spread the load; every row names the replica that served it."""
 
@@ -209,3 +209,48 @@ def test_resume_with_urls_replaces_the_replicas_and_moves_only_the_leavers_rollo
         assert gone not in served_after and f"{joiner.url}/v1" in served_after, served_after
     finally:
         joiner.kill()
+
+
+def test_a_pool_of_embedded_model_replicas_keeps_affinity_and_fails_over(gguf, make_proxy, tmp_path):
+    """Two replicas of the embedded model (`rollcall model serve`, real
+    GGUF inference, vLLM's shape) behind a vLLM-kind pool: each rollout's
+    calls stay on one replica with token ids captured, and when a replica is
+    killed its rollouts fail over to the other without losing a call."""
+    procs = [h.Proc(["model", "serve", "--listen", "127.0.0.1:0", "--model-file", str(gguf)],
+                    "embedded model listening on ", tmp_path / f"m{i}.stderr") for i in range(2)]
+    try:
+        urls = [p.url for p in procs]
+        proxy = make_proxy(toml=pool_toml(urls, extra='kind = "vllm"'))
+        rollouts = [f"emb-{i}" for i in range(6)]
+
+        def turn(r: str, t: int) -> None:
+            body = {"model": "smol", "max_tokens": 4, "temperature": 0, "stream": t % 2 == 1,
+                    "messages": [{"role": "user", "content": f"{r}: say a number ({t})"}]}
+            resp = h.post_json(proxy.url, f"/rollouts/{r}/v1/chat/completions", body, timeout=300)
+            assert resp.status == 200, (r, t, resp.body)
+
+        for t in range(2):
+            for r in rollouts:
+                turn(r, t)
+        h.wait_for_shards(proxy.url)
+        before = h.duck_dicts(proxy.shards, "SELECT rollout_id, replica, token_capture FROM t")
+        home = defaultdict(set)
+        for row in before:
+            home[row["rollout_id"]].add(row["replica"])
+        assert all(len(v) == 1 for v in home.values()), home
+        assert len({next(iter(v)) for v in home.values()}) == 2, "both replicas serve rollouts"
+        assert all(row["token_capture"] == "ids_and_logprobs" for row in before), before
+
+        dead = f"{urls[0]}/v1"
+        procs[0].kill()
+        for r in rollouts:
+            turn(r, 2)
+        h.wait_for_shards(proxy.url)
+        after = h.duck_dicts(proxy.shards, "SELECT rollout_id, status, replica, repinned FROM t WHERE sequence = 2")
+        assert len(after) == len(rollouts) and all(row["status"] == "ok" for row in after), after
+        assert all(row["replica"] == f"{urls[1]}/v1" for row in after)
+        assert {row["rollout_id"] for row in after if row["repinned"]} == \
+            {r for r, v in home.items() if v == {dead}}
+    finally:
+        for p in procs:
+            p.kill()
