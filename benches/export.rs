@@ -76,6 +76,7 @@ fn call_row(
         policy_version: None,
         policy_version_end: None,
         resent: 0,
+        continued: Vec::new(),
         attempt: 0,
         attempt_of: None,
         side_call: false,

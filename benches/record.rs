@@ -62,6 +62,7 @@ fn call(i: usize) -> CompletedCall {
             policy_version: None,
             policy_version_end: None,
             resent: 0,
+            continued: Vec::new(),
         },
         response: Bytes::from(stream_body(64)),
         upstream_response: None,

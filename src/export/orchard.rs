@@ -185,6 +185,7 @@ pub fn to_rollout(row: &OrchardRow, rollout_id: &str, now: i64) -> (Vec<CallRow>
             policy_version: None,
             policy_version_end: None,
             resent: 0,
+            continued: Vec::new(),
             attempt: 0,
             attempt_of: None,
             side_call: false,

@@ -265,6 +265,18 @@ pub struct CallOutcome {
     /// Times the call was cut by an `abort` pause and sent again.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub resent: u32,
+    /// Where an `abort` pause cut the call's stream after its head had
+    /// reached the harness, and it was continued under a new version.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub continued: Vec<Continued>,
+}
+
+/// A streamed answer continued after an `abort` pause: the completion
+/// tokens before the cut, and the policy version that generated the rest.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Continued {
+    pub completion_tokens: u64,
+    pub policy_version: i64,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -561,6 +573,7 @@ pub(crate) fn test_call(rollout: &str, call_id: &str, sequence: i64) -> Complete
         policy_version: Some(sequence),
         policy_version_end: Some(sequence),
         resent: 0,
+        continued: Vec::new(),
     };
     let request =
         format!(r#"{{"model":"m","messages":[{{"role":"user","content":"turn {sequence}"}}]}}"#);

@@ -224,6 +224,7 @@ mod tests {
             policy_version: None,
             policy_version_end: None,
             resent: 0,
+            continued: Vec::new(),
         };
         let begin = CallBegin {
             meta,

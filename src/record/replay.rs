@@ -244,6 +244,7 @@ mod tests {
                 policy_version: None,
                 policy_version_end: None,
                 resent: 0,
+                continued: Vec::new(),
             };
             let body: &[u8] = if i % 2 == 0 {
                 b"event: response.created\ndata: {\"type\":\"response.created\",\"response\":\"x\"}\n\n"

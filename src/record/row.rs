@@ -19,6 +19,8 @@ pub struct CallRow {
     pub policy_version_end: Option<i64>,
     /// Times an `abort` pause cut the call and it was sent again.
     pub resent: i32,
+    /// Where an `abort` pause cut its stream and it was continued.
+    pub continued: Vec<super::Continued>,
     /// A retry: attempt 1, 2, … of the call numbered `attempt_of`.
     pub attempt: i32,
     pub attempt_of: Option<i64>,
@@ -182,6 +184,7 @@ impl CallRow {
             policy_version: o.policy_version,
             policy_version_end: o.policy_version_end,
             resent: i32::try_from(o.resent).unwrap_or(i32::MAX),
+            continued: o.continued.clone(),
             attempt: i32::try_from(m.attempt).unwrap_or(i32::MAX),
             attempt_of: m.attempt_of,
             side_call: m.side_call,
@@ -373,6 +376,7 @@ mod tests {
                 policy_version: None,
                 policy_version_end: None,
                 resent: 0,
+                continued: Vec::new(),
             },
             response: bytes::Bytes::from(response.to_owned()),
             upstream_response: None,

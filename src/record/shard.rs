@@ -139,6 +139,7 @@ impl ShardRow for CallRow {
                     f("attempt", DataType::Int32, false),
                     f("attempt_of", DataType::Int64, true),
                     f("side_call", DataType::Boolean, false),
+                    f("continued", DataType::Utf8, true),
                 ],
                 meta.into_iter()
                     .collect::<std::collections::HashMap<String, String>>(),
@@ -148,6 +149,13 @@ impl ShardRow for CallRow {
     }
 
     fn batch(rows: &[Self]) -> RecordBatch {
+        let continued: Vec<Option<String>> = rows
+            .iter()
+            .map(|r| {
+                (!r.continued.is_empty())
+                    .then(|| serde_json::to_string(&r.continued).unwrap_or_default())
+            })
+            .collect();
         let ids = |get: fn(&CallRow) -> Option<&Vec<i32>>| -> ArrayRef {
             Arc::new(ListArray::from_iter_primitive::<Int32Type, _, _>(
                 rows.iter()
@@ -218,6 +226,7 @@ impl ShardRow for CallRow {
             Arc::new(BooleanArray::from_iter(
                 rows.iter().map(|r| Some(r.side_call)),
             )),
+            strs(continued.iter().map(Option::as_deref)),
         ];
         RecordBatch::try_new(Self::schema(), cols).expect("columns match the calls schema")
     }

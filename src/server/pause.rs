@@ -8,7 +8,8 @@
 //! - `abort`: calls still waiting for the upstream's answer are cut upstream
 //!   (the request is dropped, which vLLM and SGLang take as an abort) and
 //!   sent again once the gate opens; the harness sees one answer. A stream
-//!   whose head has already reached the harness finishes as it is.
+//!   whose head has already reached the harness is cut and continued where
+//!   the upstream can (`call::resume`), else finishes as it is.
 //!
 //! The gate's policy version is what each call records at its start and its
 //! end (`policy_version`, `policy_version_end`).

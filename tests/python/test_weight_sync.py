@@ -227,3 +227,83 @@ def test_real_harnesses_through_pause_resume_cycles_export_with_policy_versions(
         mine = [c["policy_version"] for c in calls if c["rollout_id"] == rid]
         assert s["policy_versions"] == mine, (rid, s["policy_versions"], mine)
         assert s["policy_version"] == min(mine)
+
+
+def vllm_route(upstream: str) -> str:
+    return toml() + f'[[routes]]\nname = "policy"\nurl = "{upstream}/v1"\nkind = "vllm"\n'
+
+
+def test_abort_mid_stream_continues_the_harness_stream_under_the_new_weights(make_proxy, upstream):
+    """A stream whose head has reached the harness is cut by an `abort`
+    pause and continued after the resume (`continue_final_message`): the
+    harness reads one stream, one id, the whole answer; the row is `ok` and
+    token-exact, and says after how many completion tokens version 3 took
+    over."""
+    p = make_proxy(toml=vllm_route(upstream), env={"TEST_ADMIN_KEYS": ADMIN, "TEST_CLIENT_KEYS": CLIENT})
+    text = "please continue this answer across a weight update"
+    # 12 events, 150 ms apart: the pause lands mid-stream.
+    t, out = in_thread(chat, p.url, "cont", text, True, "m@events=12@delay_ms=150")
+    time.sleep(0.7)
+    assert admin(p.url, "POST", "/v1/admin/pause", {"mode": "abort"}).status == 200
+    time.sleep(0.4)
+    assert admin(p.url, "POST", "/v1/admin/resume", {"policy_version": 3}).status == 200
+    t.join(30)
+    r = out["r"]
+    assert r.status == 200 and r.error is None, r
+    events = [json.loads(d) for _, d in h.sse_events(r.body) if d != "[DONE]"]
+    assert h.sse_events(r.body)[-1][1] == "[DONE]"
+    assert len({e["id"] for e in events}) == 1, "one answer, one id"
+    deltas = [c["delta"] for e in events for c in e["choices"]]
+    assert sum(1 for d in deltas if "role" in d) == 1
+    assert "".join(d.get("content") or "" for d in deltas) == f"Reply to: {text}"
+    assert not any(c.get("token_ids") for e in events for c in e["choices"]), "capture fields stay out"
+
+    h.wait_for_shards(p.url)
+    row = h.duck_dicts(p.shards, "SELECT status, resent, policy_version, policy_version_end, spanned_update, "
+                                 "continued, completion_token_ids, prompt_token_ids, completion_tokens FROM t")[0]
+    assert (row["status"], row["resent"], row["policy_version"], row["policy_version_end"], row["spanned_update"]) \
+        == ("ok", 1, 0, 3, True), row
+    (cont,) = json.loads(row["continued"])
+    answer = f"Reply to: {text}".encode()
+    assert cont["policy_version"] == 3 and 0 < cont["completion_tokens"] < len(answer), cont
+    assert row["completion_token_ids"] == list(answer), "the ids of both parts are the answer's"
+    assert row["prompt_token_ids"] == h.scripted_prompt_ids([{"role": "user", "content": text}])
+    # The RL sample says which policy sampled each token.
+    fin = h.post_json(p.url, "/v1/rollouts/cont/finish", {"status": "completed", "reward": 1.0},
+                      headers={"Authorization": f"Bearer {CLIENT}"})
+    assert fin.status == 200
+    h.wait_for_shards(p.url)
+    out_dir = p.shards.parent / "rl"
+    subprocess.run([h.rollcall_bin(), "export", "rl", "--shards", str(p.shards), "--out", str(out_dir)],
+                   check=True, capture_output=True)
+    (s,) = pq.read_table(out_dir / "rl.parquet").to_pylist()
+    k = cont["completion_tokens"]
+    assert s["response_ids"] == list(answer)
+    assert s["token_policy_versions"] == [0] * k + [3] * (len(answer) - k)
+
+
+def test_abort_mid_stream_continues_a_translated_responses_stream(make_proxy, upstream):
+    """A Responses harness (Codex's API) on a vLLM route: the stream, turned
+    into Responses events on the way, is cut and continued, and the harness
+    gets one response with the whole text."""
+    p = make_proxy(toml=vllm_route(upstream), env={"TEST_ADMIN_KEYS": ADMIN, "TEST_CLIENT_KEYS": CLIENT})
+    text = "a responses stream that spans an update"
+    body = {"model": "m@events=12@delay_ms=150", "input": text, "stream": True}
+    t, out = in_thread(lambda: h.post_json(p.url, "/rollouts/resp/v1/responses", body,
+                                           headers={"Authorization": f"Bearer {CLIENT}"}, timeout=60))
+    time.sleep(0.7)
+    admin(p.url, "POST", "/v1/admin/pause", {"mode": "abort"})
+    time.sleep(0.3)
+    admin(p.url, "POST", "/v1/admin/resume", {"policy_version": 1})
+    t.join(30)
+    r = out["r"]
+    assert r.status == 200 and r.error is None, r
+    events = h.sse_events(r.body)
+    kinds = [e for e, _ in events]
+    assert kinds.count("response.created") == 1 and kinds[-1] == "response.completed", kinds
+    done = json.loads(events[-1][1])["response"]
+    said = "".join(c["text"] for o in done["output"] for c in o.get("content", []) if c.get("type") == "output_text")
+    assert said == f"Reply to: {text}"
+    h.wait_for_shards(p.url)
+    row = h.duck_dicts(p.shards, "SELECT status, continued, policy_version_end FROM t")[0]
+    assert row["status"] == "ok" and json.loads(row["continued"])[0]["policy_version"] == 1, row

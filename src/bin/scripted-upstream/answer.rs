@@ -30,6 +30,26 @@ pub(crate) struct Answer {
 
 impl Answer {
     pub(crate) fn decide(kind: Kind, body: &Value, model: &str, n: u64) -> Answer {
+        // vLLM's `continue_final_message`: the last message is the start of
+        // the assistant's answer, to be continued. The model decides as if it
+        // were not there, and says the rest of that answer.
+        if let Some(partial) = continued(&kind, body) {
+            let mut before = body.clone();
+            if let Some(m) = before.get_mut("messages").and_then(Value::as_array_mut) {
+                m.pop();
+            }
+            let mut a = Answer::decide(kind, &before, model, n);
+            a.tool = None;
+            a.text = a
+                .text
+                .strip_prefix(partial.as_str())
+                .unwrap_or(&a.text)
+                .to_owned();
+            // Rendered without a generation prompt: the answer so far ends it.
+            a.prompt = format!("{}{partial}", chat_prompt(&before));
+            a.prompt_words = body.to_string().split_whitespace().count() as i64;
+            return a;
+        }
         let conv = Conversation::of(&kind, body);
         let last_user = conv.user_texts.last().cloned().unwrap_or_default();
         let script = scripted_commands(&conv.user_texts);
@@ -76,6 +96,7 @@ impl Answer {
     }
 
     /// The answer text in at most `k` pieces, one per stream delta.
+    /// (A continued answer's text is only the rest.)
     pub(crate) fn pieces(&self, k: usize) -> Vec<String> {
         let chars: Vec<char> = self.text.chars().collect();
         let k = k.min(chars.len().max(1));
@@ -128,4 +149,17 @@ impl Answer {
             Kind::CountTokens => vec![],
         }
     }
+}
+
+/// The start of the answer a Chat Completions request asks to continue
+/// (`continue_final_message: true` and a last message from the assistant).
+fn continued(kind: &Kind, body: &Value) -> Option<String> {
+    if *kind != Kind::Chat
+        || body.get("continue_final_message").and_then(Value::as_bool) != Some(true)
+    {
+        return None;
+    }
+    let last = body.get("messages")?.as_array()?.last()?;
+    (last.get("role")?.as_str()? == "assistant")
+        .then(|| crate::conversation::text_of(last.get("content").unwrap_or(&Value::Null)))
 }

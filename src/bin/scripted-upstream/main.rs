@@ -69,7 +69,9 @@
 //! gets vLLM-style `prompt_token_ids` and `token_ids`: byte values of the
 //! prompt rendered by a toy chat template (`tokens::chat_prompt`; Chat
 //! Completions only) and of the generated text (`tokens::generated_text`),
-//! so ids extend turn by turn.
+//! so ids extend turn by turn. vLLM's `continue_final_message: true` (a
+//! last message from the assistant, the answer so far) is answered with the
+//! rest of the answer the model would have given without it, as text.
 //!
 //! The modules: `options` (model-name options, `--apis`, which API a path
 //! calls), `server` (the request handler and streaming), `faults` (error

@@ -55,12 +55,34 @@ pub struct CallRec {
     pub attempt_of: Option<i64>,
     /// Outside the agent's trajectory (a harness's title generation, …).
     pub side_call: bool,
+    /// Where an `abort` pause cut its stream and it was continued (the
+    /// `continued` column's JSON).
+    pub continued: Option<String>,
     /// Messages in the call's history, kept when `messages` is dropped on
     /// reading (the RL export's `Pass::tokens_only`).
     pub history_len: Option<i64>,
 }
 
 impl CallRec {
+    /// The policy version of each of its completion tokens (`n` of them):
+    /// the version it was sent under, and after each continuation the
+    /// version that generated the rest.
+    pub fn token_policy_versions(&self, n: usize) -> Vec<Option<i64>> {
+        let mut out = vec![self.policy_version; n];
+        let spans: Vec<crate::record::Continued> = self
+            .continued
+            .as_deref()
+            .and_then(|c| serde_json::from_str(c).ok())
+            .unwrap_or_default();
+        for s in spans {
+            let from = usize::try_from(s.completion_tokens).unwrap_or(n).min(n);
+            for v in &mut out[from..] {
+                *v = Some(s.policy_version);
+            }
+        }
+        out
+    }
+
     /// Does the call carry prompt and completion token ids?
     pub fn has_token_ids(&self) -> bool {
         self.prompt_ids.is_some() && self.completion_ids.is_some()
@@ -116,6 +138,7 @@ const CALL_COLUMNS: &[&str] = &[
     "policy_version",
     "attempt_of",
     "side_call",
+    "continued",
 ];
 
 fn shard_err(p: &Path, e: impl std::fmt::Display) -> ExportError {
@@ -257,6 +280,7 @@ pub fn for_each_call(
                         .and_then(|c| c.as_boolean_opt())
                         .is_some_and(|c| c.is_valid(i) && c.value(i)),
                     history_len: None,
+                    continued: str_at(col(&b, "continued"), i),
                 })?;
                 n += 1;
             }

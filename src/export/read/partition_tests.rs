@@ -14,6 +14,7 @@ pub(crate) fn call_row(rollout: &str, seq: i64) -> CallRow {
         policy_version: None,
         policy_version_end: None,
         resent: 0,
+        continued: Vec::new(),
         attempt: 0,
         attempt_of: None,
         side_call: false,

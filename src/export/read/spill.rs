@@ -69,6 +69,7 @@ pub(super) fn encode(c: &CallRec, out: &mut Vec<u8>) {
     put_opt_i64(out, c.policy_version);
     put_opt_i64(out, c.attempt_of);
     out.push(u8::from(c.side_call));
+    put_opt_str(out, &c.continued);
 }
 
 struct Cursor<'a>(&'a [u8]);
@@ -157,6 +158,7 @@ pub(super) fn decode(b: &[u8]) -> Option<CallRec> {
         policy_version: c.opt_i64()?,
         attempt_of: c.opt_i64()?,
         side_call: c.u8()? == 1,
+        continued: c.opt_string()?,
     })
 }
 

@@ -34,6 +34,7 @@ enum Col {
     Sequences,
     PolicyVersions,
     PolicyVersion,
+    TokenPolicyVersions,
     /// verl's `AgentLoopMetrics`, at its defaults (rollcall does not time them).
     VerlMetrics,
     /// A struct of rollcall's own columns (verl's `extra_fields`, slime's
@@ -51,6 +52,7 @@ const TAIL: &[(&str, Col)] = &[
     ("sequences", Col::Sequences),
     ("policy_versions", Col::PolicyVersions),
     ("policy_version", Col::PolicyVersion),
+    ("token_policy_versions", Col::TokenPolicyVersions),
 ];
 
 fn columns(t: Trainer) -> Vec<(&'static str, Col)> {
@@ -148,7 +150,7 @@ fn field(name: &str, c: Col) -> Field {
         Col::Logprobs => (list_of(DataType::Float32), false),
         Col::Reward => (DataType::Float64, true),
         Col::Sequences => (list_of(DataType::Int64), false),
-        Col::PolicyVersions => (list_of(DataType::Int64), false),
+        Col::PolicyVersions | Col::TokenPolicyVersions => (list_of(DataType::Int64), false),
         Col::PolicyVersion => (DataType::Int64, true),
         Col::VerlMetrics => (DataType::Struct(verl_metrics_fields()), false),
         Col::Extra(group) => (DataType::Struct(extra_fields(group)), false),
@@ -243,6 +245,15 @@ fn column(c: Col, rows: &[RlSample]) -> ArrayRef {
         )),
         Col::PolicyVersion => Arc::new(Int64Array::from_iter(
             rows.iter().map(RlSample::policy_version),
+        )),
+        Col::TokenPolicyVersions => Arc::new(ListArray::new(
+            Arc::new(Field::new("item", DataType::Int64, true)),
+            OffsetBuffer::from_lengths(rows.iter().map(|r| r.token_policy_versions.len())),
+            Arc::new(Int64Array::from_iter(
+                rows.iter()
+                    .flat_map(|r| r.token_policy_versions.iter().copied()),
+            )),
+            None,
         )),
         // AgentLoopMetrics' own defaults: not measured.
         Col::VerlMetrics => Arc::new(StructArray::new(

@@ -66,6 +66,10 @@ pub struct RlSample {
     /// The policy version each of `sequences` was sent under (weight sync;
     /// null where not recorded): the version of each token span.
     pub policy_versions: Vec<Option<i64>>,
+    /// The policy version that sampled each of `response_ids` (null on
+    /// observation tokens): a call continued across an update changes
+    /// version inside its completion.
+    pub token_policy_versions: Vec<Option<i64>>,
 }
 
 impl RlSample {
@@ -183,6 +187,16 @@ pub fn rollout_samples(
         }
         let t = interleave(&seg_calls);
         report.missing_logprobs += t.missing_logprobs;
+        let mut token_policy_versions = vec![None; t.response_ids.len()];
+        for (c, range) in seg_calls.iter().zip(&t.completions) {
+            let versions = c.token_policy_versions(range.len());
+            for (slot, v) in token_policy_versions[range.clone()]
+                .iter_mut()
+                .zip(versions)
+            {
+                *slot = v;
+            }
+        }
         out.push(RlSample {
             sample_id: format!("{rollout_id}:{}", seg.index),
             rollout_id: rollout_id.to_owned(),
@@ -208,6 +222,7 @@ pub fn rollout_samples(
             model: meta.model,
             sequences: seg_calls.iter().map(|c| c.sequence).collect(),
             policy_versions: seg_calls.iter().map(|c| c.policy_version).collect(),
+            token_policy_versions,
         });
     }
     out

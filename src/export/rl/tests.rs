@@ -172,6 +172,7 @@ fn trainer_shapes_have_their_names() {
         model: None,
         sequences: vec![0],
         policy_versions: vec![Some(3)],
+        token_policy_versions: vec![Some(3)],
     };
     for t in [
         Trainer::Generic,

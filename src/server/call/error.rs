@@ -196,6 +196,9 @@ pub enum StreamError {
     /// the upstream ended the stream without its terminal event
     #[error("the upstream ended the stream without its terminal event")]
     NoTerminal,
+    /// an abort pause cut the stream and the route stayed paused past {0:?} (server.pause_max_wait_secs)
+    #[error("an abort pause cut the stream and the route stayed paused past {0:?} (server.pause_max_wait_secs)")]
+    HeldTooLong(Duration),
 }
 
 impl StreamError {
@@ -212,6 +215,7 @@ impl StreamError {
             Self::Failed => C::UpstreamFailed,
             Self::Incomplete => C::UpstreamIncomplete,
             Self::ErrorEvent => C::UpstreamStreamError,
+            Self::HeldTooLong(_) => C::Overloaded,
         }
     }
 
@@ -221,6 +225,9 @@ impl StreamError {
         let code = match self {
             Self::UpstreamStalled(_) | Self::TooLong(_) => "stream_timeout",
             Self::TooLarge(_) => "response_too_large",
+            Self::HeldTooLong(_) => {
+                return ApiError::new(503, "server_error", "paused", self.to_string())
+            }
             _ => "upstream_dropped",
         };
         ApiError::new(502, "server_error", code, self.to_string())

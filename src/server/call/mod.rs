@@ -9,6 +9,7 @@
 mod error;
 mod prepare;
 mod record;
+mod resume;
 mod stream;
 mod whole;
 
@@ -17,6 +18,7 @@ pub use prepare::upstream_headers;
 pub use record::error_response;
 
 use super::State;
+use crate::config::RouteKind;
 use crate::dialect::{ApiError, WireApi};
 use crate::http::ProxyBody;
 use crate::record::{CallBegin, CallMeta};
@@ -186,7 +188,21 @@ pub async fn proxy(
         return call.fail(e).await;
     }
     let translate = translated.then_some(api);
-    *out.body_mut() = stream::start(call, p.route, resp, translate, p.strip);
+    // An `abort` pause may cut this stream and continue it, where the
+    // upstream can (`resume`).
+    let continuable = p.target == WireApi::ChatCompletions
+        && p.route.capture.is_some()
+        && matches!(p.route.kind, RouteKind::Vllm | RouteKind::Sglang);
+    let resume = gate.filter(|_| continuable).map(|gate| resume::Resume {
+        gate,
+        endpoint: p.endpoint.clone(),
+        headers,
+        body,
+        translated,
+        rollout: rollout.to_owned(),
+        max_wait,
+    });
+    *out.body_mut() = stream::start(call, p.route, resp, translate, p.strip, resume);
     out
 }
 

@@ -40,6 +40,8 @@ pub struct Call {
     gate: Option<Arc<crate::server::pause::Gate>>,
     policy_version: Option<i64>,
     resent: u32,
+    /// Where an `abort` pause cut the stream and it was continued.
+    continued: Vec<crate::record::Continued>,
     /// Charge the answer's usage to the rollout's budget.
     charge: bool,
 }
@@ -59,6 +61,7 @@ impl Call {
             gate: None,
             policy_version: None,
             resent: 0,
+            continued: Vec::new(),
             charge: false,
             upstream_response: None,
         }
@@ -144,6 +147,7 @@ impl Call {
                 .and(self.gate.as_ref())
                 .map(|g| g.version()),
             resent: self.resent,
+            continued: self.continued.clone(),
         }
     }
 
@@ -156,6 +160,14 @@ impl Call {
     /// An `abort` pause cut the call; it goes again after the resume.
     pub fn cut(&mut self) {
         self.resent += 1;
+    }
+
+    /// Its stream, cut after `completion_tokens`, goes on under `version`.
+    pub fn continued(&mut self, completion_tokens: u64, version: i64) {
+        self.continued.push(crate::record::Continued {
+            completion_tokens,
+            policy_version: version,
+        });
     }
 
     /// Charge the answer's token usage to the rollout's budget when it ends.

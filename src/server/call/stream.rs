@@ -1,11 +1,13 @@
 //! A streamed answer: forwarded chunk by chunk as it arrives (translated
 //! and stripped of token-capture fields on the way when the call needs
 //! it), a copy collected for the record. The chunk that completes the
-//! terminal event is released only once the call's end is in the WAL.
+//! terminal event is released only once the call's end is in the WAL. An
+//! `abort` pause may cut it and continue it (`resume`).
 
 use super::error::StreamError;
 use super::prepare::Strip;
 use super::record::Call;
+use super::resume::{self, Progress, Resume};
 use crate::dialect::capture::{self, ChunkFate};
 use crate::dialect::sse;
 use crate::dialect::terminal::Detector;
@@ -31,25 +33,33 @@ pub fn start(
     resp: reqwest::Response,
     translate: Option<WireApi>,
     strip: Option<Strip>,
+    resume: Option<Resume>,
 ) -> ProxyBody {
     let (tx, rx) = mpsc::channel(OUTLET_CHUNKS);
     let abort = Abort::default();
     let idle = Duration::from_secs_f64(call.state.server.client_idle_timeout_secs);
+    // A stream is continued only where it is already read event by event.
+    let resume = resume.filter(|_| translate.is_some() || strip.is_some());
     let stage = (translate.is_some() || strip.is_some()).then(|| Stage {
         parser: sse::Parser::default(),
         translator: translate.map(StreamTranslator::new),
         strip,
         upstream: BytesMut::new(),
         flushed: false,
+        progress: resume.as_ref().map(|_| Progress::default()),
+        continued: None,
     });
-    let source = Source { resp, stage };
+    let source = Source {
+        resp: Some(resp),
+        stage,
+    };
     let out = Outlet {
         tx,
         abort: abort.clone(),
         idle,
     };
     let tracker = call.state.tasks.clone();
-    tracker.spawn(pump(call, route, source, out));
+    tracker.spawn(pump(call, route, source, out, resume));
     ProxyBody::Abortable(rx, abort, None)
 }
 
@@ -79,20 +89,43 @@ struct Stage {
     /// The upstream's bytes, for the record.
     upstream: BytesMut,
     flushed: bool,
+    /// What has been streamed, when the stream may be continued.
+    progress: Option<Progress>,
+    /// After a continuation: the first answer's id, and its completion
+    /// tokens before the cut.
+    continued: Option<(String, u64)>,
 }
 
 impl Stage {
+    /// Keep a (rewritten) event of a continuation for the record.
+    fn record(&mut self, ev: &sse::Event) {
+        let mut b = Vec::new();
+        sse::write_event(ev, &mut b);
+        self.upstream.extend_from_slice(&b);
+    }
+
     /// The bytes one upstream event becomes for the harness.
     fn event(&mut self, mut ev: sse::Event, out: &mut Vec<u8>) {
-        if let Some(s) = &self.strip {
-            if ev.data != "[DONE]" {
-                if let Ok(mut v) = serde_json::from_str::<serde_json::Value>(&ev.data) {
+        let parse = self.strip.is_some() || self.progress.is_some() || self.continued.is_some();
+        if parse && ev.data != "[DONE]" {
+            if let Ok(mut v) = serde_json::from_str::<serde_json::Value>(&ev.data) {
+                if let Some((id, tokens)) = &self.continued {
+                    resume::rewrite(&mut v, id, *tokens);
+                    ev.data = v.to_string();
+                    self.record(&ev);
+                }
+                if let Some(p) = &mut self.progress {
+                    p.observe(&v);
+                }
+                if let Some(s) = &self.strip {
                     if capture::strip_chunk(s.kind, s.api, &s.asked, &mut v) == ChunkFate::Drop {
                         return;
                     }
-                    ev.data = v.to_string();
                 }
+                ev.data = v.to_string();
             }
+        } else if self.continued.is_some() {
+            self.record(&ev);
         }
         match &mut self.translator {
             Some(t) => out.extend(t.feed(&ev)),
@@ -104,20 +137,27 @@ impl Stage {
 /// Where a stream's chunks come from: the upstream's body, through a
 /// [`Stage`] when the call needs one.
 struct Source {
-    resp: reqwest::Response,
+    /// `None` between a cut and its continuation.
+    resp: Option<reqwest::Response>,
     stage: Option<Stage>,
 }
 
 impl Source {
     async fn chunk(&mut self) -> Result<Option<Bytes>, reqwest::Error> {
+        let Some(resp) = &mut self.resp else {
+            return Ok(None);
+        };
         let Some(t) = &mut self.stage else {
-            return self.resp.chunk().await;
+            return resp.chunk().await;
         };
         let mut events = Vec::new();
         loop {
-            match self.resp.chunk().await? {
+            match resp.chunk().await? {
                 Some(c) => {
-                    t.upstream.extend_from_slice(&c);
+                    // A continuation's events are recorded as rewritten.
+                    if t.continued.is_none() {
+                        t.upstream.extend_from_slice(&c);
+                    }
                     t.parser.feed(&c, &mut events);
                 }
                 None if t.flushed => return Ok(None),
@@ -192,10 +232,90 @@ enum Next {
     Chunk(Bytes),
     End,
     Broken(StreamError),
+    /// An `abort` pause began.
+    Abort,
+}
+
+type Armed = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// A future that resolves when an `abort` pause begins on `r`'s route.
+fn arm(r: &Resume) -> Armed {
+    let gate = r.gate.clone();
+    Box::pin(async move { gate.aborted().await })
+}
+
+async fn armed(a: &mut Option<Armed>) {
+    match a {
+        Some(f) => f.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Cut the upstream's stream, wait for the route to resume, and continue
+/// the answer from where it was under the new weights.
+async fn continue_stream(
+    call: &mut Call,
+    r: &Resume,
+    route: &Route,
+    src: &mut Source,
+    out: &Outlet,
+) -> Result<(), StreamError> {
+    let Some(t) = src.stage.as_mut() else {
+        return Ok(());
+    };
+    let Some(p) = &t.progress else {
+        return Ok(());
+    };
+    let (id, text, tokens) = match &t.continued {
+        // Cut again: the first answer's id, and all its text and tokens.
+        Some((id, _)) => (id.clone(), p.text.clone(), p.tokens),
+        None => (p.id.clone().unwrap_or_default(), p.text.clone(), p.tokens),
+    };
+    // Dropping the response closes its connection: vLLM and SGLang abort
+    // the request.
+    src.resp = None;
+    call.cut();
+    let version = tokio::select! {
+        v = r.gate.open(r.max_wait) => v.map_err(|h| StreamError::HeldTooLong(h.0))?,
+        () = out.tx.closed() => return Err(StreamError::ClientGone),
+    };
+    let body = resume::continuation_body(&r.body, &text)
+        .ok_or_else(|| StreamError::UpstreamClosed("the request could not be continued".into()))?;
+    let sent = route
+        .send(
+            http::Method::POST,
+            &r.endpoint,
+            r.headers.clone(),
+            body,
+            r.translated,
+            Some(&r.rollout),
+        )
+        .await
+        .map_err(|e| StreamError::UpstreamClosed(format!("continuing after the update: {e}")))?;
+    let status = sent.resp.status();
+    if !status.is_success() {
+        return Err(StreamError::UpstreamClosed(format!(
+            "continuing after the update: the upstream answered {status}"
+        )));
+    }
+    tracing::info!(route = %route.name, tokens, policy_version = version, "stream cut by an abort pause continued");
+    call.set_lease(sent.lease);
+    call.continued(tokens, version);
+    t.parser = sse::Parser::default();
+    t.flushed = false;
+    t.continued = Some((id, tokens));
+    src.resp = Some(sent.resp);
+    Ok(())
 }
 
 /// Forward a stream chunk by chunk, collecting a copy for the record.
-async fn pump(mut call: Call, route: Arc<Route>, mut src: Source, out: Outlet) {
+async fn pump(
+    mut call: Call,
+    route: Arc<Route>,
+    mut src: Source,
+    out: Outlet,
+    resume: Option<Resume>,
+) {
     let server = &call.state.server;
     let max_stream = Duration::from_secs(server.max_stream_secs);
     let max_bytes = server.max_response_bytes;
@@ -205,6 +325,7 @@ async fn pump(mut call: Call, route: Arc<Route>, mut src: Source, out: Outlet) {
     // The terminal event has been seen and the call's end recorded.
     let mut recorded = false;
     let api = call.api;
+    let mut abort = resume.as_ref().map(arm);
     loop {
         let next = tokio::select! {
             r = tokio::time::timeout(route.idle_timeout, src.chunk()) => match r {
@@ -218,9 +339,38 @@ async fn pump(mut call: Call, route: Arc<Route>, mut src: Source, out: Outlet) {
             },
             _ = tokio::time::sleep_until(deadline) => Next::Broken(StreamError::TooLong(max_stream)),
             _ = out.tx.closed() => Next::Broken(StreamError::ClientGone),
+            () = armed(&mut abort) => Next::Abort,
+        };
+        let next = match (next, &resume) {
+            (Next::Abort, Some(r)) => {
+                let can = !recorded
+                    && src
+                        .stage
+                        .as_ref()
+                        .and_then(|t| t.progress.as_ref())
+                        .is_some_and(Progress::resumable);
+                if !can {
+                    // It finishes as it is, under the old weights.
+                    abort = None;
+                    continue;
+                }
+                match continue_stream(&mut call, r, &route, &mut src, &out).await {
+                    Ok(()) => {
+                        abort = Some(arm(r));
+                        continue;
+                    }
+                    Err(e) => Next::Broken(e),
+                }
+            }
+            (Next::Abort, None) => {
+                abort = None;
+                continue;
+            }
+            (n, _) => n,
         };
         let chunk = match next {
             Next::Chunk(c) => c,
+            Next::Abort => continue,
             Next::End => {
                 if !recorded {
                     call.upstream_response = src.upstream();
