@@ -207,7 +207,10 @@ async fn pump(state: Arc<State>, feed: Feed, q: Query, tx: mpsc::Sender<Chunk>) 
         let room = q
             .limit
             .map_or(BATCH, |l| (l - sent).min(BATCH as u64) as usize);
-        let entries = match feed.read(after, room) {
+        // File reads, off the runtime's threads.
+        let reader = feed.clone();
+        let read = tokio::task::spawn_blocking(move || reader.read(after, room)).await;
+        let entries = match read.unwrap_or_else(|e| Err(std::io::Error::other(e))) {
             Ok(e) => e,
             Err(e) => {
                 tracing::error!(error = %e, "could not read the feed");
