@@ -365,3 +365,20 @@ def test_memory_kills_are_infrastructure_errors_and_timeouts_are_graded(family, 
     # The fix was applied before the harness stalled: graded on it.
     assert late["reward"] == 1.0 and late["metadata"]["report"]["resolved"] is True
     assert len(rows) == 3 and leftovers("lim-") == []
+
+
+def test_a_budget_stops_the_harness_in_its_container(family, upstream, tmp_path):
+    """`rollcall batch --max-calls 1`: each rollout's budget is set on the
+    proxy before its container starts; Codex's second call is refused in its
+    API's format (`budget_exceeded`), the harness ends, and the patch it
+    left (none) is graded."""
+    t = family[0]
+    task = scripted(t, ["echo first", apply_b64(t["patch"])])
+    path = write_tasks(tmp_path / "tasks.jsonl", [task])
+    run_batch(batch_cmd(tmp_path, path, upstream, "--samples", "1", "--max-calls", "1", harness="codex",
+                        name="budget"))
+    (r,) = finishes(tmp_path / "shards").values()
+    assert r["status"] == "completed" and r["reward"] == 0.0, r
+    calls = h.duck_dicts(tmp_path / "shards", "SELECT sequence, status, failure_class FROM t ORDER BY sequence")
+    assert calls[0]["status"] == "ok", calls
+    assert calls[1:] and all(c["failure_class"] == "budget_exceeded" for c in calls[1:]), calls
