@@ -173,25 +173,22 @@ impl Journal {
         if let Some(&oldest) = self.live.keys().next() {
             if oldest != self.segment {
                 let old = File::open(segment_path(&self.dir, oldest))?;
-                let mut moves = Vec::new();
-                for calls in self.pending.values() {
-                    for (id, loc) in calls {
-                        if loc.segment == oldest {
-                            moves.push((id.clone(), *loc));
-                        }
-                    }
-                }
-                for (_, loc) in &moves {
-                    let mut buf = vec![0; loc.len as usize];
-                    old.read_exact_at(&mut buf, loc.offset)?;
-                    let (segment, offset) = self.append(&buf)?;
-                    for calls in self.pending.values_mut() {
-                        if let Some(l) = calls
-                            .values_mut()
-                            .find(|l| l.segment == loc.segment && l.offset == loc.offset)
-                        {
-                            (l.segment, l.offset) = (segment, offset);
-                        }
+                // One pass over the open calls: each line of the oldest
+                // segment is copied to the new one and its place updated.
+                let Journal {
+                    pending,
+                    file,
+                    len,
+                    segment,
+                    ..
+                } = self;
+                for loc in pending.values_mut().flat_map(|c| c.values_mut()) {
+                    if loc.segment == oldest {
+                        let mut buf = vec![0; loc.len as usize];
+                        old.read_exact_at(&mut buf, loc.offset)?;
+                        file.write_all(&buf)?;
+                        (loc.segment, loc.offset) = (*segment, *len);
+                        *len += buf.len() as u64;
                     }
                 }
                 self.recount();
