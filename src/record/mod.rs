@@ -347,6 +347,14 @@ fn set(slot: &Mutex<Option<String>>, v: Option<String>) -> bool {
 }
 
 impl RecorderStats {
+    /// The WAL's last write failed (and none has succeeded since).
+    pub(crate) fn wal_failing(&self) -> bool {
+        self.wal_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
     pub(crate) fn set_wal_error(&self, e: String) {
         set(&self.wal_error, Some(e));
     }
@@ -411,6 +419,13 @@ pub(crate) enum WalMsg {
         finish: RolloutFinish,
         ack: oneshot::Sender<Result<(), RecordError>>,
     },
+    /// A call's end the response path wrote itself (`wal::Inline`): the
+    /// thread books it and hands its row on, writing nothing.
+    Written {
+        outcome: CallOutcome,
+        response: Bytes,
+        upstream_response: Option<Bytes>,
+    },
     Shutdown,
 }
 
@@ -419,6 +434,8 @@ pub(crate) enum WalMsg {
 pub struct Recorder {
     tx: mpsc::Sender<WalMsg>,
     pub stats: Arc<RecorderStats>,
+    /// Inline writes of call ends: with `wal_fsync` off and no test hook.
+    inline: Option<Arc<wal::Inline>>,
     /// The live feed's reader, with `shards.feed = true`.
     pub feed: Option<feed::Feed>,
 }
@@ -445,11 +462,14 @@ impl Recorder {
         };
         let recovered = replay::recover(cfg, writer.as_mut())?;
         let stats = Arc::new(RecorderStats::default());
-        let (tx, stages) = pipeline::start(cfg, recovered.next_segment, &stats, writer)?;
+        let (tx, stages, inline) = pipeline::start(cfg, recovered.next_segment, &stats, writer)?;
+        let inline = (!cfg.wal_fsync && std::env::var_os(wal::HOOK_ENV).is_none())
+            .then(|| Arc::new(inline));
         Ok((
             Recorder {
                 tx: tx.clone(),
                 stats,
+                inline,
                 feed,
             },
             RecorderTask {
@@ -507,6 +527,46 @@ impl Recorder {
             .await
             .map_err(|_| RecordError::Closed)?;
         Ok(async move { done.await.map_err(|_| RecordError::Closed)? })
+    }
+
+    /// Write a call's end here and now, when that can be done (inline
+    /// writes on, the WAL taking writes, the writer's queue empty, and the
+    /// call's start known to be in the WAL already, so the end never
+    /// precedes it); the thread then only books it. Returns the end back when it must go the thread's way
+    /// ([`Recorder::submit_end`]).
+    pub async fn end_inline(
+        &self,
+        outcome: CallOutcome,
+        response: Bytes,
+        upstream_response: Option<Bytes>,
+    ) -> Option<(CallOutcome, Bytes, Option<Bytes>)> {
+        // Under load the writer's queue holds messages: there its group
+        // commit (one `write` per batch) costs less than a `write` per call.
+        let idle = self.tx.capacity() == self.tx.max_capacity();
+        let Some(inline) = self
+            .inline
+            .as_ref()
+            .filter(|_| idle && !self.stats.wal_failing())
+        else {
+            return Some((outcome, response, upstream_response));
+        };
+        if let Err(e) = inline.write_end(&outcome, &response, upstream_response.as_deref()) {
+            tracing::warn!(error = %e, "inline write-ahead log write failed; the writer thread takes the call's end");
+            return Some((outcome, response, upstream_response));
+        }
+        // On disk now, and counted before the caller answers, so that
+        // `shard_lag_rows` covers it; if the recorder has stopped, replay
+        // books it.
+        self.stats.unpublished_rows.fetch_add(1, Ordering::Relaxed);
+        let _ = self
+            .tx
+            .send(WalMsg::Written {
+                outcome,
+                response,
+                upstream_response,
+            })
+            .await;
+        None
     }
 
     /// Log a rollout's outcome and wait until it is in the WAL.

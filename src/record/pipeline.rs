@@ -151,10 +151,11 @@ pub(crate) fn start(
     first_segment: u64,
     stats: &Arc<RecorderStats>,
     feed: Option<super::feed::FeedWriter>,
-) -> Result<(mpsc::Sender<WalMsg>, Stages), RecordError> {
+) -> Result<(mpsc::Sender<WalMsg>, Stages, wal::Inline), RecordError> {
     // Both stages' files are opened before either starts, so a disk that
     // cannot be written is a start-up error.
     let writer = wal::Writer::open(cfg.clone(), first_segment, stats.clone())?;
+    let inline = writer.inline();
     let shard_set = ShardSet::open(cfg).map_err(|e| RecordError::Shard(e.to_string()))?;
 
     let (calls_tx, calls_rx) = call_queue(cfg).tokio_channel::<WalMsg>();
@@ -184,7 +185,7 @@ pub(crate) fn start(
             wal::run(writer, queues)
         })
         .map_err(|e| RecordError::Wal(e.to_string()))?;
-    Ok((calls_tx, Stages { wal, shards }))
+    Ok((calls_tx, Stages { wal, shards }, inline))
 }
 
 #[cfg(test)]

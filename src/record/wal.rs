@@ -36,18 +36,71 @@ use std::fs::File;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
+
+/// The segment being written, shared by the writer's thread and the
+/// response path's inline writes ([`Inline`]).
+pub(crate) struct OpenSegment {
+    file: File,
+    /// Bytes of whole frames in it: where a failed write is cut back to.
+    bytes: u64,
+}
+
+fn lock(s: &Mutex<OpenSegment>) -> std::sync::MutexGuard<'_, OpenSegment> {
+    s.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A call's end written on the response path, under the segment's lock,
+/// instead of a round trip to the writer's thread: with `wal_fsync` off, a
+/// `write` to the OS is all the thread would do for it. The thread then
+/// only books it (`WalMsg::Written`). Used only while writes succeed; a
+/// failed inline write is cut back and the end goes the thread's way, which
+/// owns the failure handling.
+pub(crate) struct Inline {
+    open: Arc<Mutex<OpenSegment>>,
+    stats: Arc<RecorderStats>,
+}
+
+impl Inline {
+    /// Write the end frame; `Err` when it could not be (nothing of it stays).
+    pub(crate) fn write_end(
+        &self,
+        outcome: &CallOutcome,
+        response: &[u8],
+        upstream: Option<&[u8]>,
+    ) -> std::io::Result<()> {
+        let header = serde_json::to_vec(outcome).map_err(std::io::Error::other)?;
+        let mut buf = Vec::with_capacity(header.len() + response.len() + 64);
+        encode(
+            &mut buf,
+            Kind::End,
+            &header,
+            response,
+            upstream.unwrap_or(&[]),
+        )
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let mut s = lock(&self.open);
+        if let Err(e) = s.file.write_all(&buf) {
+            let _ = s.file.set_len(s.bytes);
+            return Err(e);
+        }
+        s.bytes += buf.len() as u64;
+        drop(s);
+        self.stats
+            .wal_bytes_written
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+}
 
 /// The WAL writer's state, owned by its thread.
 pub(crate) struct Writer {
     dir: PathBuf,
     cfg: ShardConfig,
-    file: File,
+    /// The current segment's file and length, shared with [`Inline`].
+    open: Arc<Mutex<OpenSegment>>,
     segment: u64,
-    /// Bytes of whole frames in the current segment: where a failed write
-    /// is cut back to.
-    segment_bytes: u64,
     /// Calls and finishes begun in each live segment and not yet published.
     unpublished: BTreeMap<u64, u64>,
     /// In-flight calls: their begin record and the segment it is in.
@@ -86,9 +139,8 @@ impl Writer {
         Ok(Writer {
             dir,
             cfg,
-            file,
+            open: Arc::new(Mutex::new(OpenSegment { file, bytes: 0 })),
             segment: first_segment,
-            segment_bytes: 0,
             unpublished: BTreeMap::from([(first_segment, 0)]),
             pending: HashMap::new(),
             rewrite: Vec::new(),
@@ -99,11 +151,21 @@ impl Writer {
         })
     }
 
+    /// Inline writes of call ends into this writer's segments.
+    pub(crate) fn inline(&self) -> Inline {
+        Inline {
+            open: self.open.clone(),
+            stats: self.stats.clone(),
+        }
+    }
+
     fn rotate(&mut self) -> std::io::Result<()> {
         let file = open_segment(&self.dir, self.segment + 1)?;
+        let mut s = lock(&self.open);
         self.segment += 1;
-        self.file = file;
-        self.segment_bytes = 0;
+        s.file = file;
+        s.bytes = 0;
+        drop(s);
         self.unpublished.entry(self.segment).or_insert(0);
         self.stats.wal_segments.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -135,10 +197,10 @@ impl Writer {
     /// After a failed write: cut the segment back to its last whole frame,
     /// or start a new segment when even that fails.
     fn repair(&mut self) {
-        let cut = self
-            .file
-            .set_len(self.segment_bytes)
-            .and_then(|()| self.file.sync_data());
+        let cut = {
+            let s = lock(&self.open);
+            s.file.set_len(s.bytes).and_then(|()| s.file.sync_data())
+        };
         if let Err(e) = cut {
             tracing::error!(error = %e, "could not cut the WAL segment back to its last whole frame; starting a new segment");
             if let Err(e) = self.rotate() {
@@ -420,6 +482,29 @@ fn write_batches(w: &mut Writer, q: &mut WalQueues) {
                         ack,
                     ));
                 }
+                WalMsg::Written {
+                    outcome,
+                    response,
+                    upstream_response,
+                } => match w.pending.remove(&outcome.call_id) {
+                    // Already in the WAL: hand the row on now.
+                    // (Counted as unpublished by the response path.)
+                    Some((segment, begin)) => {
+                        let call = CompletedCall {
+                            begin,
+                            outcome,
+                            response,
+                            upstream_response,
+                        };
+                        if q.rows.send(ShardItem::Call { segment, call }).is_err() {
+                            tracing::error!("shard writer stopped; rows stay in the WAL until restart");
+                        }
+                    }
+                    None => {
+                        w.stats.unpublished_rows.fetch_sub(1, Ordering::Relaxed);
+                        tracing::error!(call_id = %outcome.call_id, "call ended without a begin record")
+                    }
+                },
                 WalMsg::Shutdown => shutdown = true,
             }
         }
@@ -436,7 +521,7 @@ fn write_batches(w: &mut Writer, q: &mut WalQueues) {
             Err(e) => fail(w, batch, &e),
         }
         apply_published(w, q, woken_by);
-        if w.segment_bytes >= w.cfg.wal_segment_bytes {
+        if lock(&w.open).bytes >= w.cfg.wal_segment_bytes {
             if let Err(e) = w.rotate() {
                 tracing::error!(error = %e, "could not start a new WAL segment");
             }
@@ -532,7 +617,7 @@ fn write_out(w: &mut Writer, buf: &[u8]) -> std::io::Result<()> {
                 ))
             }
             "torn" => {
-                w.file.write_all(&buf[..buf.len() / 2])?;
+                lock(&w.open).file.write_all(&buf[..buf.len() / 2])?;
                 return Err(std::io::Error::other(
                     "injected torn write (ROLLCALL_TEST_WAL_HOOK)",
                 ));
@@ -540,11 +625,18 @@ fn write_out(w: &mut Writer, buf: &[u8]) -> std::io::Result<()> {
             _ => break,
         }
     }
-    w.file.write_all(buf)?;
-    if w.cfg.wal_fsync {
-        w.file.sync_data()?;
+    let mut s = lock(&w.open);
+    if let Err(e) = s.file.write_all(buf) {
+        // Cut back before the lock goes: an inline end written next must
+        // follow the last whole frame, not a torn one.
+        let _ = s.file.set_len(s.bytes);
+        return Err(e);
     }
-    w.segment_bytes += buf.len() as u64;
+    if w.cfg.wal_fsync {
+        s.file.sync_data()?;
+    }
+    s.bytes += buf.len() as u64;
+    drop(s);
     w.stats
         .wal_bytes_written
         .fetch_add(buf.len() as u64, Ordering::Relaxed);

@@ -28,6 +28,8 @@ pub struct Call {
     began: bool,
     /// Resolves once its start is in the WAL (taken by `start_written`).
     begin_written: Option<BeginWritten>,
+    /// Its start is known to be in the WAL.
+    begin_on_disk: bool,
     /// Its end is queued for the WAL.
     ended: bool,
     /// The upstream's body, recorded beside the harness's when they differ.
@@ -56,6 +58,7 @@ impl Call {
             first_byte_at: None,
             began: false,
             begin_written: None,
+            begin_on_disk: false,
             ended: false,
             lease: None,
             gate: None,
@@ -90,6 +93,7 @@ impl Call {
             return Ok(());
         };
         let Err(e) = written.await else {
+            self.begin_on_disk = true;
             return Ok(());
         };
         tracing::error!(error = %e, call_id = %self.begin.meta.call_id, "could not record the call's start");
@@ -214,6 +218,22 @@ impl Call {
         let outcome = self.outcome(status, Some(http_status), failure);
         let upstream = self.upstream_response.take();
         let recorder = &self.state.recorder;
+        // Written here when the start is on disk (it usually is by now):
+        // no round trip to the writer's thread on the answer's path.
+        if let Some(written) = self.begin_written.take() {
+            self.begin_on_disk = written.await.is_ok();
+        }
+        let (outcome, response, upstream) = if self.begin_on_disk {
+            match recorder.end_inline(outcome, response, upstream).await {
+                None => {
+                    self.ended = true;
+                    return Ok(());
+                }
+                Some(end) => end,
+            }
+        } else {
+            (outcome, response, upstream)
+        };
         let result = match recorder.submit_end(outcome, response, upstream).await {
             Ok(ack) => {
                 self.ended = true;
