@@ -48,6 +48,15 @@ import rollcall_harness as h  # noqa: E402
 ADMIN = "bench-admin"
 
 
+def affinity(rows: list[dict]) -> tuple[dict[str, list[dict]], list[float]]:
+    """Each rollout's calls in order, and the share of them served by its
+    first replica."""
+    by: dict[str, list[dict]] = {}
+    for r in sorted(rows, key=lambda r: r["sequence"]):
+        by.setdefault(r["rollout_id"], []).append(r)
+    hits = [sum(1 for c in cs if c["replica"] == cs[0]["replica"]) / len(cs) for cs in by.values()]
+    return by, hits
+
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     if not xs:
@@ -120,10 +129,7 @@ def affinity_and_failover(work: Path, rollouts: int, turns: int) -> dict:
         proxy.kill()
         for r in reps:
             r.kill()
-    by: dict[str, list[dict]] = {}
-    for r in sorted(rows, key=lambda r: r["sequence"]):
-        by.setdefault(r["rollout_id"], []).append(r)
-    hits = [sum(1 for c in cs if c["replica"] == cs[0]["replica"]) / len(cs) for cs in by.values()]
+    by, hits = affinity(rows)
     dead = f"{reps[1].url}/v1"
     moved = sum(1 for cs in by.values() if cs[0]["replica"] == dead)
     return {
@@ -175,10 +181,7 @@ def join_and_leave(work: Path, rollouts: int, turns: int) -> dict:
         proxy.kill()
         for r in reps:
             r.kill()
-    by: dict[str, list[dict]] = {}
-    for r in sorted(rows, key=lambda r: r["sequence"]):
-        by.setdefault(r["rollout_id"], []).append(r)
-    hits = [sum(1 for c in cs if c["replica"] == cs[0]["replica"]) / len(cs) for cs in by.values()]
+    by, hits = affinity(rows)
     after_join = [r for r in rows if (r["policy_version"] or 0) >= 1]
     return {
         "calls": len(rows),

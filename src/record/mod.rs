@@ -463,8 +463,8 @@ impl Recorder {
         let recovered = replay::recover(cfg, writer.as_mut())?;
         let stats = Arc::new(RecorderStats::default());
         let (tx, stages, inline) = pipeline::start(cfg, recovered.next_segment, &stats, writer)?;
-        let inline = (!cfg.wal_fsync && std::env::var_os(wal::HOOK_ENV).is_none())
-            .then(|| Arc::new(inline));
+        let inline =
+            (!cfg.wal_fsync && std::env::var_os(wal::HOOK_ENV).is_none()).then(|| Arc::new(inline));
         Ok((
             Recorder {
                 tx: tx.clone(),

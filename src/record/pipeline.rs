@@ -192,48 +192,8 @@ pub(crate) fn start(
 mod tests {
     use super::*;
     use crate::record::wal::list_segments;
-    use crate::record::{CallBegin, CallMeta, CallOutcome, CallStatus, Recorder};
+    use crate::record::Recorder;
     use std::time::Duration;
-
-    fn call(id: &str) -> (Arc<CallBegin>, CallOutcome) {
-        let meta = CallMeta {
-            call_id: id.into(),
-            rollout_id: "r".into(),
-            sequence: 0,
-            wire_api: crate::dialect::WireApi::ChatCompletions,
-            route: None,
-            model: None,
-            upstream_model: None,
-            stream: false,
-            received_at: 1,
-            user_agent: None,
-            upstream_api: None,
-            attempt: 0,
-            attempt_of: None,
-            side_call: false,
-        };
-        let outcome = CallOutcome {
-            call_id: id.into(),
-            status: CallStatus::Ok,
-            http_status: Some(200),
-            failure_class: None,
-            failure_message: None,
-            first_byte_at: None,
-            done_at: 2,
-            replica: None,
-            repinned: false,
-            policy_version: None,
-            policy_version_end: None,
-            resent: 0,
-            continued: Vec::new(),
-        };
-        let begin = CallBegin {
-            meta,
-            request: bytes::Bytes::from_static(b"{}"),
-            upstream_request: None,
-        };
-        (Arc::new(begin), outcome)
-    }
 
     /// A shard published while the WAL writer is idle reaches it on the
     /// published queue, which wakes it to delete the segments that file
@@ -250,7 +210,8 @@ mod tests {
         };
         let wal_dir = dir.path().join("wal");
         let (recorder, task, _) = Recorder::start(&cfg).unwrap();
-        let (begin, outcome) = call("c1");
+        let c = crate::record::test_call("r", "c1", 0);
+        let (begin, outcome) = (c.begin, c.outcome);
         recorder.begin(begin).await.unwrap().await.unwrap();
         recorder
             .end(outcome, bytes::Bytes::from_static(b"{}"), None)

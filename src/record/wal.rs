@@ -497,7 +497,9 @@ fn write_batches(w: &mut Writer, q: &mut WalQueues) {
                             upstream_response,
                         };
                         if q.rows.send(ShardItem::Call { segment, call }).is_err() {
-                            tracing::error!("shard writer stopped; rows stay in the WAL until restart");
+                            tracing::error!(
+                                "shard writer stopped; rows stay in the WAL until restart"
+                            );
                         }
                     }
                     None => {

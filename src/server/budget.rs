@@ -252,6 +252,36 @@ impl Budgets {
     }
 }
 
+/// Why a call is refused before it is sent.
+#[derive(Debug, PartialEq)]
+pub enum Refusal {
+    /// Its `x-rollcall-budget` header could not be read.
+    Header(String),
+    /// It would pass its rollout's budget.
+    Over(Over),
+}
+
+impl Budgets {
+    /// A call: take the budget its `x-rollcall-budget` header sets, if any,
+    /// then [`Budgets::admit`] it.
+    pub fn check(
+        &self,
+        rollout: &str,
+        header: Option<&http::HeaderValue>,
+        ask: Ask,
+    ) -> Result<bool, Refusal> {
+        if let Some(v) = header {
+            let own = v
+                .to_str()
+                .map_err(|_| format!("{HEADER}: not text"))
+                .and_then(parse_header)
+                .map_err(Refusal::Header)?;
+            self.set(rollout, own);
+        }
+        self.admit(rollout, ask).map_err(Refusal::Over)
+    }
+}
+
 /// Read an `x-rollcall-budget` header: `max_calls=40, max_total_tokens=200000,
 /// max_prompt_tokens=32000` (any of them).
 pub fn parse_header(v: &str) -> Result<Budget, String> {

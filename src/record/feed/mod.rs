@@ -137,9 +137,9 @@ struct FeedCall<'a> {
     route: Option<&'a str>,
     model: Option<&'a str>,
     stream: bool,
-    messages: Option<Box<RawValue>>,
-    tools: Option<Box<RawValue>>,
-    response_message: Option<Box<RawValue>>,
+    messages: Option<Json<'a>>,
+    tools: Option<Json<'a>>,
+    response_message: Option<Json<'a>>,
     finish_reason: Option<&'a str>,
     prompt_tokens: Option<i64>,
     completion_tokens: Option<i64>,
@@ -156,12 +156,18 @@ struct FeedCall<'a> {
     done_at: Option<i64>,
 }
 
-/// A JSON column as JSON (as a string when it is not).
-fn raw(col: &Option<String>) -> Option<Box<RawValue>> {
-    let s = col.as_ref()?;
-    RawValue::from_string(s.clone())
-        .or_else(|_| RawValue::from_string(serde_json::Value::String(s.clone()).to_string()))
-        .ok()
+/// A JSON column as the JSON it holds, borrowed from the row (as a string
+/// when it is not JSON).
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Json<'a> {
+    Raw(&'a RawValue),
+    Text(&'a str),
+}
+
+fn raw(col: &Option<String>) -> Option<Json<'_>> {
+    let s = col.as_deref()?;
+    Some(serde_json::from_str(s).map_or(Json::Text(s), Json::Raw))
 }
 
 impl<'a> FeedCall<'a> {
@@ -209,7 +215,7 @@ struct EntryHead<'a> {
     status: &'a str,
     reward: Option<f64>,
     group: Option<String>,
-    metadata: Option<Box<RawValue>>,
+    metadata: Option<Json<'a>>,
     finished_at: i64,
     /// One per call, in order (null where the route has no gate).
     policy_versions: Vec<Option<i64>>,
@@ -410,10 +416,7 @@ impl FeedWriter {
             .unwrap_or_default();
         calls.sort_by_key(|l| (l.sequence, l.attempt));
         let cursor = self.log.index.read().map_or(0, |i| i.len() as u64) + 1;
-        let metadata = fin
-            .metadata
-            .as_ref()
-            .and_then(|m| RawValue::from_string(m.clone()).ok());
+        let metadata = raw(&fin.metadata);
         let group = fin
             .metadata
             .as_deref()

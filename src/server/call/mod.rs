@@ -17,7 +17,7 @@ pub use error::{ProxyError, StreamError};
 pub use prepare::upstream_headers;
 pub use record::error_response;
 
-use super::State;
+use super::{budget, State};
 use crate::config::RouteKind;
 use crate::dialect::{ApiError, WireApi};
 use crate::http::ProxyBody;
@@ -97,29 +97,23 @@ pub async fn proxy(
     let translated = p.translated();
     let body = p.body();
     let mut call = Call::new(&state, api, p.begin, started);
-    if let Some(v) = parts.headers.get(super::budget::HEADER) {
-        let own = v
-            .to_str()
-            .map_err(|_| format!("{}: not text", super::budget::HEADER))
-            .and_then(super::budget::parse_header);
-        match own {
-            Ok(own) => {
-                state.budgets.set(rollout, own);
-            }
-            Err(msg) => {
-                let err = ApiError::new(400, "invalid_request_error", "invalid_budget", msg);
-                return call.fail(ProxyError::Refused(err)).await;
-            }
-        }
-    }
-    let ask = super::budget::Ask {
+    let ask = budget::Ask {
         request_len,
         call: attempt_of.unwrap_or(sequence),
         turn,
     };
-    match state.budgets.admit(rollout, ask) {
+    match state
+        .budgets
+        .check(rollout, parts.headers.get(budget::HEADER), ask)
+    {
         Ok(charge) => call.charge_usage(charge),
-        Err(over) => return call.fail(ProxyError::BudgetExceeded { api, over }).await,
+        Err(budget::Refusal::Header(msg)) => {
+            let err = ApiError::new(400, "invalid_request_error", "invalid_budget", msg);
+            return call.fail(ProxyError::Refused(err)).await;
+        }
+        Err(budget::Refusal::Over(over)) => {
+            return call.fail(ProxyError::BudgetExceeded { api, over }).await
+        }
     }
     call.log_begin().await;
     let headers = upstream_headers(&parts.headers, state.client_keys.is_some());
