@@ -3,8 +3,9 @@
 //!
 //! ```text
 //!  response path ──Begin/End──▶ [call queue] ──▶ WAL thread ──▶ [shard queue] ──▶ shard thread
-//!        ▲                                        │  ▲ (group commit)              │ (rotate, publish)
-//!        └──────────── ack: End is in the WAL ◀───┘  └──── [published queue] ◀─────┘
+//!     │  ▲                                        │  ▲ (group commit)  ▲           │ (rotate, publish)
+//!     │  └──────────── ack: End is in the WAL ◀───┘  └──── [published queue] ◀─────┘
+//!     └── inline (wal_fsync off): Begin/End written under the WAL's lock ┘
 //!                                       segments deleted once their rows are in shards
 //! ```
 //!
@@ -18,6 +19,7 @@
 
 pub mod feed;
 pub mod pipeline;
+mod recorder;
 pub mod replay;
 mod rollout_id;
 pub mod row;
@@ -28,8 +30,9 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use tokio::sync::{mpsc, oneshot};
 
+pub(crate) use recorder::WalMsg;
+pub use recorder::{Recorder, RecorderTask};
 pub use rollout_id::{check_rollout_id, InvalidRolloutId};
 pub use row::{CallRow, RolloutRow};
 
@@ -399,205 +402,6 @@ impl RecorderStats {
                 &self.shard_error,
             )
         })
-    }
-}
-
-/// What the call queue carries, from the response path to the WAL writer.
-pub(crate) enum WalMsg {
-    /// A call's start, with an ack once it is in the WAL.
-    Begin(
-        Arc<CallBegin>,
-        Option<oneshot::Sender<Result<(), RecordError>>>,
-    ),
-    End {
-        outcome: CallOutcome,
-        response: Bytes,
-        upstream_response: Option<Bytes>,
-        ack: oneshot::Sender<Result<(), RecordError>>,
-    },
-    Finish {
-        finish: RolloutFinish,
-        ack: oneshot::Sender<Result<(), RecordError>>,
-    },
-    /// A call's end the response path wrote itself (`wal::Inline`): the
-    /// thread books it and hands its row on, writing nothing.
-    Written {
-        outcome: CallOutcome,
-        response: Bytes,
-        upstream_response: Option<Bytes>,
-    },
-    Shutdown,
-}
-
-/// The response path's handle on the recorder. Cheap to clone.
-#[derive(Clone)]
-pub struct Recorder {
-    tx: mpsc::Sender<WalMsg>,
-    pub stats: Arc<RecorderStats>,
-    /// Inline writes of call ends: with `wal_fsync` off and no test hook.
-    inline: Option<Arc<wal::Inline>>,
-    /// The live feed's reader, with `shards.feed = true`.
-    pub feed: Option<feed::Feed>,
-}
-
-impl Recorder {
-    /// Replay what an earlier run left in the WAL, then start the WAL and
-    /// shard threads.
-    pub fn start(
-        cfg: &crate::config::ShardConfig,
-    ) -> Result<(Recorder, RecorderTask, replay::Recovered), RecordError> {
-        let feed_err = |e: std::io::Error| {
-            RecordError::Shard(format!(
-                "the feed in {}: {e}",
-                cfg.dir.join("feed").display()
-            ))
-        };
-        let (mut writer, feed) = match cfg.feed {
-            true => {
-                let (w, f) = feed::FeedWriter::open(&cfg.dir.join("feed"), cfg.wal_fsync)
-                    .map_err(feed_err)?;
-                (Some(w), Some(f))
-            }
-            false => (None, None),
-        };
-        let recovered = replay::recover(cfg, writer.as_mut())?;
-        let stats = Arc::new(RecorderStats::default());
-        let (tx, stages, inline) = pipeline::start(cfg, recovered.next_segment, &stats, writer)?;
-        let inline =
-            (!cfg.wal_fsync && std::env::var_os(wal::HOOK_ENV).is_none()).then(|| Arc::new(inline));
-        Ok((
-            Recorder {
-                tx: tx.clone(),
-                stats,
-                inline,
-                feed,
-            },
-            RecorderTask {
-                tx,
-                stages: Some(stages),
-            },
-            recovered,
-        ))
-    }
-
-    /// Log a call's start. Waits only for queue space; the returned future
-    /// resolves once the start is in the WAL (or with the write's error), so
-    /// a stream's head can wait for it: a call whose head a client saw is
-    /// always on disk.
-    pub async fn begin(
-        &self,
-        begin: Arc<CallBegin>,
-    ) -> Result<impl std::future::Future<Output = Result<(), RecordError>>, RecordError> {
-        let (ack, done) = oneshot::channel();
-        self.tx
-            .send(WalMsg::Begin(begin, Some(ack)))
-            .await
-            .map_err(|_| RecordError::Closed)?;
-        Ok(async move { done.await.unwrap_or(Err(RecordError::Closed)) })
-    }
-
-    /// Log a call's end and wait until it is in the WAL.
-    pub async fn end(
-        &self,
-        outcome: CallOutcome,
-        response: Bytes,
-        upstream_response: Option<Bytes>,
-    ) -> Result<(), RecordError> {
-        self.submit_end(outcome, response, upstream_response)
-            .await?
-            .await
-    }
-
-    /// Queue a call's end (waiting only for queue space); the returned
-    /// future resolves once it is in the WAL, or with the write's error.
-    pub async fn submit_end(
-        &self,
-        outcome: CallOutcome,
-        response: Bytes,
-        upstream_response: Option<Bytes>,
-    ) -> Result<impl std::future::Future<Output = Result<(), RecordError>>, RecordError> {
-        let (ack, done) = oneshot::channel();
-        self.tx
-            .send(WalMsg::End {
-                outcome,
-                response,
-                upstream_response,
-                ack,
-            })
-            .await
-            .map_err(|_| RecordError::Closed)?;
-        Ok(async move { done.await.map_err(|_| RecordError::Closed)? })
-    }
-
-    /// Write a call's end here and now, when that can be done (inline
-    /// writes on, the WAL taking writes, the writer's queue empty, and the
-    /// call's start known to be in the WAL already, so the end never
-    /// precedes it); the thread then only books it. Returns the end back when it must go the thread's way
-    /// ([`Recorder::submit_end`]).
-    pub async fn end_inline(
-        &self,
-        outcome: CallOutcome,
-        response: Bytes,
-        upstream_response: Option<Bytes>,
-    ) -> Option<(CallOutcome, Bytes, Option<Bytes>)> {
-        // Under load the writer's queue holds messages: there its group
-        // commit (one `write` per batch) costs less than a `write` per call.
-        let idle = self.tx.capacity() == self.tx.max_capacity();
-        let Some(inline) = self
-            .inline
-            .as_ref()
-            .filter(|_| idle && !self.stats.wal_failing())
-        else {
-            return Some((outcome, response, upstream_response));
-        };
-        if let Err(e) = inline.write_end(&outcome, &response, upstream_response.as_deref()) {
-            tracing::warn!(error = %e, "inline write-ahead log write failed; the writer thread takes the call's end");
-            return Some((outcome, response, upstream_response));
-        }
-        // On disk now, and counted before the caller answers, so that
-        // `shard_lag_rows` covers it; if the recorder has stopped, replay
-        // books it.
-        self.stats.unpublished_rows.fetch_add(1, Ordering::Relaxed);
-        let _ = self
-            .tx
-            .send(WalMsg::Written {
-                outcome,
-                response,
-                upstream_response,
-            })
-            .await;
-        None
-    }
-
-    /// Log a rollout's outcome and wait until it is in the WAL.
-    pub async fn finish(&self, finish: RolloutFinish) -> Result<(), RecordError> {
-        let (ack, done) = oneshot::channel();
-        self.tx
-            .send(WalMsg::Finish { finish, ack })
-            .await
-            .map_err(|_| RecordError::Closed)?;
-        done.await.map_err(|_| RecordError::Closed)?
-    }
-
-    pub fn unpublished_rows(&self) -> i64 {
-        self.stats.unpublished_rows.load(Ordering::Relaxed)
-    }
-}
-
-/// Owns the recorder threads; `shutdown` flushes and publishes everything.
-pub struct RecorderTask {
-    tx: mpsc::Sender<WalMsg>,
-    stages: Option<pipeline::Stages>,
-}
-
-impl RecorderTask {
-    /// Publish every pending row and stop. Calls still in flight are left in
-    /// the WAL and become `incomplete` rows at the next start.
-    pub async fn shutdown(mut self) {
-        let _ = self.tx.send(WalMsg::Shutdown).await;
-        if let Some(stages) = self.stages.take() {
-            let _ = tokio::task::spawn_blocking(move || stages.join()).await;
-        }
     }
 }
 

@@ -6,11 +6,13 @@
 //!                 call_queue()                     shard_queue()
 //!                 Bounded, Block                   Bounded, Block
 //!  response path ───────────────▶ WAL writer ─────────────────────▶ shard writer ──▶ calls/*.parquet
-//!   (Recorder)                    rollcall-wal                      rollcall-shards    rollouts/*.parquet
-//!        ▲                          │      ▲                              │
-//!        └── ack: it is in the WAL ─┘      └─────── PUBLISHED_QUEUE ◀─────┘
-//!                                                   Unbounded: rows of each
-//!                                                   published file, per segment
+//!   (Recorder)                    rollcall-wal          ▲           rollcall-shards    rollouts/*.parquet
+//!     │  ▲                          │      ▲            │                 │
+//!     │  └── ack: it is in the WAL ─┘      └─────── PUBLISHED_QUEUE ◀─────┘
+//!     │                                             Unbounded: rows of each
+//!     │                                             published file, per segment
+//!     └── inline (wal_fsync off): starts and ends ──┘
+//!         written under the WAL's lock, rows sent on
 //! ```
 //!
 //! - **WAL writer** (`wal::run`, thread `rollcall-wal`): takes call starts,
@@ -18,19 +20,27 @@
 //!   groups, acknowledges them, and sends their rows on to the shard queue.
 //!   It deletes a segment once the published queue has reported all of its
 //!   rows (and those of every earlier segment) in published shards.
+//! - **Inline writes** (`wal::Inline`, with `wal_fsync` off): the response
+//!   path writes a call's start and end itself, under the lock it shares
+//!   with the WAL writer, and sends the row to the shard queue. That saves
+//!   two cross-thread wake-ups per call; with fsync on, group commit saves
+//!   more, and every frame goes through the WAL writer.
 //! - **shard writer** (`shard::run`, thread `rollcall-shards`): assembles
 //!   rows, writes Parquet, rotates and publishes files, and reports every
-//!   published file on the published queue.
+//!   published file on the published queue. It takes rows in bursts: after
+//!   a burst it lingers (`shard::LINGER`) before it looks again, so under
+//!   load a sender rarely has to wake it.
 //!
 //! Nothing is dropped anywhere: both bounded queues block, so a slow disk or
 //! a slow shard writer slows the responses instead of growing memory.
 //!
 //! Shutdown runs down the same path: `RecorderTask::shutdown` sends
-//! `Shutdown` on the call queue; the WAL writer writes its last batch, hands
-//! the calls still open to the shard queue as `incomplete` rows and closes
-//! it; the shard writer publishes what it holds and stops, which closes the
-//! published queue; the WAL writer applies the last publications, deletes
-//! the segments and stops. Both threads are then joined.
+//! `Shutdown` on the call queue; the WAL writer writes its last batch, stops
+//! inline writes, hands the calls still open to the shard queue as
+//! `incomplete` rows and then `Stop`; the shard writer publishes what it
+//! holds and stops, which closes the published queue; the WAL writer
+//! applies the last publications, deletes the segments and stops. Both
+//! threads are then joined.
 
 use super::shard::{self, ShardItem, ShardSet};
 use super::wal::{self, WalQueues};
@@ -73,10 +83,11 @@ pub fn call_queue(cfg: &ShardConfig) -> Bounded {
     }
 }
 
-/// WAL writer → shard writer: rows already acknowledged in the WAL. Holds
-/// `shards.queue_capacity` rows. When it is full, the WAL writer waits, so
-/// its own queue fills and the wait reaches the response path. No row is
-/// dropped, and none could be lost: each is in the WAL until published.
+/// WAL writer and inline writes → shard writer: rows already in the WAL.
+/// Holds `shards.queue_capacity` rows. When it is full, the WAL writer
+/// waits, so its own queue fills, and an inline end waits: either way the
+/// wait reaches the response path. No row is dropped, and none could be
+/// lost: each is in the WAL until published.
 pub fn shard_queue(cfg: &ShardConfig) -> Bounded {
     Bounded {
         capacity: cfg.queue_capacity,
@@ -98,17 +109,11 @@ pub const PUBLISHED_QUEUE: Unbounded = Unbounded;
 pub(crate) type SegmentRows = Vec<(u64, u64)>;
 
 impl Bounded {
-    /// A queue for an async sender (the response path).
-    fn tokio_channel<T>(self) -> (mpsc::Sender<T>, mpsc::Receiver<T>) {
+    /// A queue whose senders may be tasks (`send().await`) or threads
+    /// (`blocking_send`).
+    fn channel<T>(self) -> (mpsc::Sender<T>, mpsc::Receiver<T>) {
         match self.when_full {
             WhenFull::Block => mpsc::channel(self.capacity),
-        }
-    }
-
-    /// A queue for a sender on a thread of its own (a stage).
-    fn thread_channel<T>(self) -> (std::sync::mpsc::SyncSender<T>, std::sync::mpsc::Receiver<T>) {
-        match self.when_full {
-            WhenFull::Block => std::sync::mpsc::sync_channel(self.capacity),
         }
     }
 }
@@ -155,11 +160,15 @@ pub(crate) fn start(
     // Both stages' files are opened before either starts, so a disk that
     // cannot be written is a start-up error.
     let writer = wal::Writer::open(cfg.clone(), first_segment, stats.clone())?;
-    let inline = writer.inline();
     let shard_set = ShardSet::open(cfg).map_err(|e| RecordError::Shard(e.to_string()))?;
+    let shard_waiter = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .map_err(|e| RecordError::Shard(e.to_string()))?;
 
-    let (calls_tx, calls_rx) = call_queue(cfg).tokio_channel::<WalMsg>();
-    let (rows_tx, rows_rx) = shard_queue(cfg).thread_channel::<ShardItem>();
+    let (calls_tx, calls_rx) = call_queue(cfg).channel::<WalMsg>();
+    let (rows_tx, rows_rx) = shard_queue(cfg).channel::<ShardItem>();
+    let inline = writer.inline(rows_tx.clone());
     let (published_tx, published_rx) = PUBLISHED_QUEUE.channel::<SegmentRows>();
 
     stats.shard_alive.store(true, Ordering::Relaxed);
@@ -169,7 +178,12 @@ pub(crate) fn start(
         .name("rollcall-shards".into())
         .spawn(move || {
             let _alive = AliveGuard(&shard_stats.shard_alive);
-            shard::run(shard_set, feed, rows_rx, published_tx, &shard_stats)
+            let queues = shard::Queues {
+                rows: rows_rx,
+                published: published_tx,
+                waiter: shard_waiter,
+            };
+            shard::run(shard_set, feed, queues, &shard_stats)
         })
         .map_err(|e| RecordError::Shard(e.to_string()))?;
     let wal_stats = stats.clone();
@@ -235,5 +249,39 @@ mod tests {
         assert_eq!(published, 1);
         assert!(!recorder.stats.wal_alive.load(Ordering::Relaxed));
         assert!(!recorder.stats.shard_alive.load(Ordering::Relaxed));
+    }
+
+    /// With fsync off, a call's start and end are written on the response
+    /// path: the start is in the segment as soon as `begin` returns, the end
+    /// is taken inline, and its row reaches a published shard, after which
+    /// a stop leaves no segment.
+    #[tokio::test]
+    async fn with_fsync_off_starts_and_ends_are_written_inline() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = ShardConfig {
+            dir: dir.path().to_path_buf(),
+            ..ShardConfig::default()
+        };
+        assert!(!cfg.wal_fsync);
+        let wal_dir = dir.path().join("wal");
+        let (recorder, task, _) = Recorder::start(&cfg).unwrap();
+        let c = crate::record::test_call("r", "c1", 0);
+        let written = recorder.begin(c.begin).await.unwrap();
+        let seg = crate::record::wal::read_segment(&crate::record::wal::segment_path(&wal_dir, 0))
+            .unwrap();
+        assert_eq!(seg.begins.len(), 1, "the start is on disk before its ack");
+        written.await.unwrap();
+        let end = recorder
+            .end_inline(c.outcome, bytes::Bytes::from_static(b"{}"), None)
+            .await;
+        assert!(end.is_none(), "the end was written inline");
+        let seg = crate::record::wal::read_segment(&crate::record::wal::segment_path(&wal_dir, 0))
+            .unwrap();
+        assert_eq!(seg.ends.len(), 1);
+        assert_eq!(recorder.unpublished_rows(), 1);
+        task.shutdown().await;
+        assert_eq!(recorder.stats.rows_published.load(Ordering::Relaxed), 1);
+        assert_eq!(recorder.unpublished_rows(), 0);
+        assert!(list_segments(&wal_dir).unwrap().is_empty());
     }
 }

@@ -3,10 +3,13 @@
 //! when it reaches `max_rows`, `max_bytes` or `max_age_secs`. A rename is
 //! atomic, so readers globbing `*.parquet` never see a half-written file.
 
-use super::pipeline::SegmentRows;
+mod stage;
+pub use stage::LINGER;
+pub(crate) use stage::{run, Queues};
+
 use super::row::{CallRow, RolloutRow};
 use super::wal::sync_dir;
-use super::{CompletedCall, RecorderStats, RolloutFinish, SCHEMA_VERSION};
+use super::{CompletedCall, RolloutFinish, SCHEMA_VERSION};
 use crate::config::ShardConfig;
 use arrow::array::{
     ArrayRef, BinaryArray, BooleanArray, Float64Array, Int32Array, Int64Array, ListArray,
@@ -27,8 +30,16 @@ use std::time::{Duration, Instant};
 
 /// Work for the shard writer, on the shard queue.
 pub(crate) enum ShardItem {
-    Call { segment: u64, call: CompletedCall },
-    Rollout { segment: u64, finish: RolloutFinish },
+    Call {
+        segment: u64,
+        call: CompletedCall,
+    },
+    Rollout {
+        segment: u64,
+        finish: RolloutFinish,
+    },
+    /// Publish what is held and stop (sent by the WAL writer at shutdown).
+    Stop,
 }
 
 /// A row type that can be written to a shard.
@@ -466,114 +477,6 @@ impl ShardSet {
             calls: ShardWriter::new(cfg)?,
             rollouts: ShardWriter::new(cfg)?,
         })
-    }
-}
-
-/// The shard writer's end of the published queue.
-type PublishedTx = tokio::sync::mpsc::UnboundedSender<SegmentRows>;
-
-fn publish_one<R: ShardRow>(
-    w: &mut ShardWriter<R>,
-    published: &PublishedTx,
-    stats: &RecorderStats,
-) {
-    match w.publish() {
-        Ok(Some((path, rows, segments))) => {
-            stats.set_shard_error(None);
-            tracing::debug!(path = %path.display(), rows, "published shard");
-            stats
-                .rows_published
-                .fetch_add(rows as u64, Ordering::Relaxed);
-            stats.shards_published.fetch_add(1, Ordering::Relaxed);
-            stats
-                .unpublished_rows
-                .fetch_sub(rows as i64, Ordering::Relaxed);
-            let _ = published.send(segments);
-        }
-        Ok(None) => {}
-        Err(e) => {
-            // The rows stay in the WAL (their segments are not released) and
-            // are replayed into a shard at the next start.
-            tracing::error!(error = %e, kind = R::KIND, "could not publish shard; rows kept in the WAL");
-            stats.set_shard_error(Some(format!("could not publish a {} shard: {e}", R::KIND)));
-            w.abandon();
-        }
-    }
-}
-
-fn push_one<R: ShardRow>(
-    w: &mut ShardWriter<R>,
-    row: R,
-    segment: u64,
-    published: &PublishedTx,
-    stats: &RecorderStats,
-) {
-    match w.push(row, segment) {
-        Ok(true) => publish_one(w, published, stats),
-        Ok(false) => {}
-        Err(e) => {
-            tracing::error!(error = %e, kind = R::KIND, "shard write failed; rows kept in the WAL");
-            stats.set_shard_error(Some(format!("could not write a {} shard: {e}", R::KIND)));
-            w.abandon();
-        }
-    }
-}
-
-/// The shard writer stage: build rows, batch, rotate, publish, and report
-/// each published file on the published queue. Stops, publishing what it
-/// holds, when the shard queue closes.
-pub(crate) fn run(
-    mut set: ShardSet,
-    mut feed: Option<super::feed::FeedWriter>,
-    rx: std::sync::mpsc::Receiver<ShardItem>,
-    published: PublishedTx,
-    stats: &RecorderStats,
-) {
-    use std::sync::mpsc::RecvTimeoutError;
-    loop {
-        let deadline = [set.calls.deadline(), set.rollouts.deadline()]
-            .into_iter()
-            .flatten()
-            .min();
-        let wait = deadline.map_or(Duration::from_secs(3600), |d| {
-            d.saturating_duration_since(Instant::now())
-        });
-        let item = rx.recv_timeout(wait);
-        stats
-            .shard_busy_since
-            .store(crate::now_micros(), Ordering::Relaxed);
-        match item {
-            Ok(ShardItem::Call { segment, call }) => {
-                let (row, salvaged) = CallRow::build_guarded(&call);
-                if salvaged {
-                    stats.rows_salvaged.fetch_add(1, Ordering::Relaxed);
-                }
-                if let Some(Err(e)) = feed.as_mut().map(|f| f.call(&row)) {
-                    tracing::error!(error = %e, call_id = %row.call_id, "could not add a call to the feed");
-                }
-                push_one(&mut set.calls, row, segment, &published, stats)
-            }
-            Ok(ShardItem::Rollout { segment, finish }) => {
-                if let Some(Err(e)) = feed.as_mut().map(|f| f.finish(&finish)) {
-                    tracing::error!(error = %e, rollout = %finish.rollout_id, "could not add a finished rollout to the feed");
-                }
-                push_one(&mut set.rollouts, finish, segment, &published, stats)
-            }
-            Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => {
-                publish_one(&mut set.calls, &published, stats);
-                publish_one(&mut set.rollouts, &published, stats);
-                return;
-            }
-        }
-        let now = Instant::now();
-        if set.calls.deadline().is_some_and(|d| d <= now) {
-            publish_one(&mut set.calls, &published, stats);
-        }
-        if set.rollouts.deadline().is_some_and(|d| d <= now) {
-            publish_one(&mut set.rollouts, &published, stats);
-        }
-        stats.shard_busy_since.store(0, Ordering::Relaxed);
     }
 }
 

@@ -15,11 +15,20 @@
 //! shard: the shard writer reports each file it publishes on the published
 //! queue. On shutdown, calls still open are handed to the shard writer as
 //! `incomplete` rows, so a graceful stop leaves no segment behind.
+//!
+//! With `wal_fsync` off, the response path writes call starts and ends
+//! itself (`log::Inline`), under the lock the writer shares with it, and the
+//! writer's thread sees only rollout finishes and what an inline write could
+//! not do. With fsync on, every frame goes the thread's way, for the group
+//! commit.
 
 mod frame;
+mod log;
 mod segment;
 
 pub use frame::{decode_all, encode, Frame, FrameTooLarge, Kind};
+pub(crate) use log::Inline;
+use log::{lock, Log, SharedLog};
 use segment::open_segment;
 pub use segment::{list_segments, read_segment, segment_path, sync_dir, SegmentContents};
 
@@ -31,80 +40,19 @@ use super::{
 };
 use crate::config::{OnWalError, ShardConfig};
 use bytes::Bytes;
-use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
-use std::io::Write;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
-/// The segment being written, shared by the writer's thread and the
-/// response path's inline writes ([`Inline`]).
-pub(crate) struct OpenSegment {
-    file: File,
-    /// Bytes of whole frames in it: where a failed write is cut back to.
-    bytes: u64,
-}
-
-fn lock(s: &Mutex<OpenSegment>) -> std::sync::MutexGuard<'_, OpenSegment> {
-    s.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// A call's end written on the response path, under the segment's lock,
-/// instead of a round trip to the writer's thread: with `wal_fsync` off, a
-/// `write` to the OS is all the thread would do for it. The thread then
-/// only books it (`WalMsg::Written`). Used only while writes succeed; a
-/// failed inline write is cut back and the end goes the thread's way, which
-/// owns the failure handling.
-pub(crate) struct Inline {
-    open: Arc<Mutex<OpenSegment>>,
-    stats: Arc<RecorderStats>,
-}
-
-impl Inline {
-    /// Write the end frame; `Err` when it could not be (nothing of it stays).
-    pub(crate) fn write_end(
-        &self,
-        outcome: &CallOutcome,
-        response: &[u8],
-        upstream: Option<&[u8]>,
-    ) -> std::io::Result<()> {
-        let header = serde_json::to_vec(outcome).map_err(std::io::Error::other)?;
-        let mut buf = Vec::with_capacity(header.len() + response.len() + 64);
-        encode(
-            &mut buf,
-            Kind::End,
-            &header,
-            response,
-            upstream.unwrap_or(&[]),
-        )
-        .map_err(|e| std::io::Error::other(e.to_string()))?;
-        let mut s = lock(&self.open);
-        if let Err(e) = s.file.write_all(&buf) {
-            let _ = s.file.set_len(s.bytes);
-            return Err(e);
-        }
-        s.bytes += buf.len() as u64;
-        drop(s);
-        self.stats
-            .wal_bytes_written
-            .fetch_add(buf.len() as u64, Ordering::Relaxed);
-        Ok(())
-    }
-}
-
 /// The WAL writer's state, owned by its thread.
 pub(crate) struct Writer {
     dir: PathBuf,
     cfg: ShardConfig,
-    /// The current segment's file and length, shared with [`Inline`].
-    open: Arc<Mutex<OpenSegment>>,
-    segment: u64,
-    /// Calls and finishes begun in each live segment and not yet published.
-    unpublished: BTreeMap<u64, u64>,
-    /// In-flight calls: their begin record and the segment it is in.
-    pending: HashMap<String, (u64, Arc<CallBegin>)>,
+    /// The current segment, the open calls and the unpublished counts,
+    /// shared with [`Inline`].
+    log: SharedLog,
     /// Call starts whose frames a failed write lost: written again first.
     rewrite: Vec<Arc<CallBegin>>,
     /// Call ends a failed write lost, by call id: written again with the
@@ -139,10 +87,7 @@ impl Writer {
         Ok(Writer {
             dir,
             cfg,
-            open: Arc::new(Mutex::new(OpenSegment { file, bytes: 0 })),
-            segment: first_segment,
-            unpublished: BTreeMap::from([(first_segment, 0)]),
-            pending: HashMap::new(),
+            log: Arc::new(Mutex::new(Log::new(file, first_segment))),
             rewrite: Vec::new(),
             retry: HashMap::new(),
             stats,
@@ -151,33 +96,30 @@ impl Writer {
         })
     }
 
-    /// Inline writes of call ends into this writer's segments.
-    pub(crate) fn inline(&self) -> Inline {
+    /// Inline writes into this writer's segments, whose rows go to `rows`.
+    pub(crate) fn inline(&self, rows: mpsc::Sender<ShardItem>) -> Inline {
         Inline {
-            open: self.open.clone(),
+            log: self.log.clone(),
+            dir: self.dir.clone(),
+            segment_bytes: self.cfg.wal_segment_bytes,
             stats: self.stats.clone(),
+            rows,
         }
     }
 
-    fn rotate(&mut self) -> std::io::Result<()> {
-        let file = open_segment(&self.dir, self.segment + 1)?;
-        let mut s = lock(&self.open);
-        self.segment += 1;
-        s.file = file;
-        s.bytes = 0;
-        drop(s);
-        self.unpublished.entry(self.segment).or_insert(0);
-        self.stats.wal_segments.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+    fn rotate(&self, log: &mut Log) {
+        if let Err(e) = log.rotate(&self.dir, &self.stats) {
+            tracing::error!(error = %e, "could not start a new WAL segment");
+        }
     }
 
     /// Delete the longest prefix of segments whose rows are all published.
-    fn collect_garbage(&mut self) {
-        while let Some((&seg, &n)) = self.unpublished.first_key_value() {
-            if n > 0 || seg >= self.segment {
+    fn collect_garbage(&self, log: &mut Log) {
+        while let Some((&seg, &n)) = log.unpublished.first_key_value() {
+            if n > 0 || seg >= log.segment {
                 break;
             }
-            self.unpublished.remove(&seg);
+            log.unpublished.remove(&seg);
             if let Err(e) = std::fs::remove_file(segment_path(&self.dir, seg)) {
                 tracing::warn!(segment = seg, error = %e, "could not delete WAL segment");
             }
@@ -185,27 +127,22 @@ impl Writer {
         }
     }
 
-    /// Rows of a published shard are no longer unpublished in their segments.
-    fn release(&mut self, published: SegmentRows) {
-        for (seg, n) in published {
-            if let Some(c) = self.unpublished.get_mut(&seg) {
-                *c = c.saturating_sub(n);
-            }
-        }
-    }
-
     /// After a failed write: cut the segment back to its last whole frame,
     /// or start a new segment when even that fails.
-    fn repair(&mut self) {
-        let cut = {
-            let s = lock(&self.open);
-            s.file.set_len(s.bytes).and_then(|()| s.file.sync_data())
-        };
-        if let Err(e) = cut {
+    fn repair(&self) {
+        let mut log = lock(&self.log);
+        if let Err(e) = log.cut_back() {
             tracing::error!(error = %e, "could not cut the WAL segment back to its last whole frame; starting a new segment");
-            if let Err(e) = self.rotate() {
-                tracing::error!(error = %e, "could not start a new WAL segment");
-            }
+            self.rotate(&mut log);
+        }
+    }
+}
+
+/// Rows of a published shard are no longer unpublished in their segments.
+fn release(log: &mut Log, published: SegmentRows) {
+    for (seg, n) in published {
+        if let Some(c) = log.unpublished.get_mut(&seg) {
+            *c = c.saturating_sub(n);
         }
     }
 }
@@ -228,7 +165,7 @@ pub(crate) struct WalQueues {
     /// Call starts, ends and rollout finishes from the response path.
     pub calls: mpsc::Receiver<WalMsg>,
     /// Rows acknowledged in the WAL, to the shard writer.
-    pub rows: std::sync::mpsc::SyncSender<ShardItem>,
+    pub rows: mpsc::Sender<ShardItem>,
     /// What the shard writer published, per segment; `None` once the shard
     /// writer has stopped.
     pub published: Option<mpsc::UnboundedReceiver<SegmentRows>>,
@@ -279,15 +216,20 @@ impl WalQueues {
 /// writer to publish everything.
 pub(crate) fn run(mut w: Writer, mut q: WalQueues) {
     write_batches(&mut w, &mut q);
+    // No inline write from here on: what is open now stays open.
+    let open: Vec<_> = {
+        let mut log = lock(&w.log);
+        log.closed = true;
+        log.pending.drain().collect()
+    };
     // Calls still open at shutdown end here, as incomplete rows, so
     // that their segments can go.
     // Ends a failing disk never took go to the shards as they are
     // (their starts keep the WAL until those rows are published).
     for (_, (segment, call)) in w.retry.drain() {
         w.stats.unpublished_rows.fetch_add(1, Ordering::Relaxed);
-        let _ = q.rows.send(ShardItem::Call { segment, call });
+        let _ = q.rows.blocking_send(ShardItem::Call { segment, call });
     }
-    let open: Vec<_> = w.pending.drain().collect();
     if !open.is_empty() {
         tracing::warn!(
             calls = open.len(),
@@ -303,30 +245,28 @@ pub(crate) fn run(mut w: Writer, mut q: WalQueues) {
             upstream_response: None,
         };
         w.stats.unpublished_rows.fetch_add(1, Ordering::Relaxed);
-        let _ = q.rows.send(ShardItem::Call { segment, call });
+        let _ = q.rows.blocking_send(ShardItem::Call { segment, call });
     }
-    let WalQueues {
-        calls: _calls,
-        rows,
-        published,
-    } = q;
-    // Closing the row queue stops the shard writer once it has published
-    // what it holds; the published queue closes when it has stopped.
-    drop(rows);
-    let mut any = false;
-    if let Some(mut published) = published {
+    // `Stop` ends the shard writer once it has published what it holds
+    // (the response path holds senders of the row queue too, so the queue
+    // never closes by itself); the published queue closes when it has
+    // stopped.
+    let _ = q.rows.blocking_send(ShardItem::Stop);
+    let mut all = Vec::new();
+    if let Some(mut published) = q.published.take() {
         while let Some(rows) = published.blocking_recv() {
-            any = true;
-            w.release(rows);
+            all.push(rows);
         }
     }
-    if any {
-        w.collect_garbage();
+    let mut log = lock(&w.log);
+    for rows in all {
+        release(&mut log, rows);
     }
+    w.collect_garbage(&mut log);
     // Everything is published: the current segment may go too.
-    if w.unpublished.values().all(|&n| n == 0) {
-        w.segment += 1;
-        w.collect_garbage();
+    if log.unpublished.values().all(|&n| n == 0) {
+        log.segment += 1;
+        w.collect_garbage(&mut log);
     }
 }
 
@@ -352,17 +292,18 @@ pub(crate) fn interrupted(meta: &CallMeta, at: i64) -> CallOutcome {
 /// Apply what the shard writer published: the publication that woke the
 /// writer, if one did, and every one queued since.
 fn apply_published(w: &mut Writer, q: &mut WalQueues, woken_by: Option<SegmentRows>) {
-    let mut any = false;
-    for rows in woken_by
+    let mut all = woken_by
         .into_iter()
         .chain(std::iter::from_fn(|| q.try_published()))
-    {
-        any = true;
-        w.release(rows);
+        .peekable();
+    if all.peek().is_none() {
+        return;
     }
-    if any {
-        w.collect_garbage();
+    let mut log = lock(&w.log);
+    for rows in all {
+        release(&mut log, rows);
     }
+    w.collect_garbage(&mut log);
 }
 
 const MAX_BATCH: usize = 512;
@@ -416,7 +357,9 @@ fn write_batches(w: &mut Writer, q: &mut WalQueues) {
                 Err(_) => break,
             }
         }
+        hook_wait(&w.hook);
         let mut batch = Batch::default();
+        let mut log = lock(&w.log);
         for begin in std::mem::take(&mut w.rewrite) {
             encode_begin(&mut buf, &begin);
             batch.begun.push(begin);
@@ -426,9 +369,7 @@ fn write_batches(w: &mut Writer, q: &mut WalQueues) {
                 WalMsg::Begin(begin, ack) => {
                     encode_begin(&mut buf, &begin);
                     batch.begun_acks.extend(ack);
-                    *w.unpublished.entry(w.segment).or_insert(0) += 1;
-                    w.pending
-                        .insert(begin.meta.call_id.clone(), (w.segment, begin.clone()));
+                    log.book_begin(begin.clone());
                     batch.begun.push(begin);
                 }
                 WalMsg::End {
@@ -445,7 +386,7 @@ fn write_batches(w: &mut Writer, q: &mut WalQueues) {
                         let _ = ack.send(Err(RecordError::Wal(e.to_string())));
                         continue;
                     }
-                    let open = w.pending.remove(&outcome.call_id).or_else(|| {
+                    let open = log.pending.remove(&outcome.call_id).or_else(|| {
                         // An end of a call whose earlier end a failed write lost.
                         w.retry
                             .remove(&outcome.call_id)
@@ -473,40 +414,12 @@ fn write_batches(w: &mut Writer, q: &mut WalQueues) {
                 WalMsg::Finish { finish, ack } => {
                     let header = serde_json::to_vec(&finish).unwrap_or_default();
                     let _ = encode(&mut buf, Kind::Finish, &header, &[], &[]);
-                    *w.unpublished.entry(w.segment).or_insert(0) += 1;
-                    batch.finished.push((
-                        ShardItem::Rollout {
-                            segment: w.segment,
-                            finish,
-                        },
-                        ack,
-                    ));
+                    let segment = log.segment;
+                    *log.unpublished.entry(segment).or_insert(0) += 1;
+                    batch
+                        .finished
+                        .push((ShardItem::Rollout { segment, finish }, ack));
                 }
-                WalMsg::Written {
-                    outcome,
-                    response,
-                    upstream_response,
-                } => match w.pending.remove(&outcome.call_id) {
-                    // Already in the WAL: hand the row on now.
-                    // (Counted as unpublished by the response path.)
-                    Some((segment, begin)) => {
-                        let call = CompletedCall {
-                            begin,
-                            outcome,
-                            response,
-                            upstream_response,
-                        };
-                        if q.rows.send(ShardItem::Call { segment, call }).is_err() {
-                            tracing::error!(
-                                "shard writer stopped; rows stay in the WAL until restart"
-                            );
-                        }
-                    }
-                    None => {
-                        w.stats.unpublished_rows.fetch_sub(1, Ordering::Relaxed);
-                        tracing::error!(call_id = %outcome.call_id, "call ended without a begin record")
-                    }
-                },
                 WalMsg::Shutdown => shutdown = true,
             }
         }
@@ -516,18 +429,18 @@ fn write_batches(w: &mut Writer, q: &mut WalQueues) {
             let _ = encode(&mut buf, Kind::End, &header, &call.response, up);
             batch.ended.push((ShardItem::Call { segment, call }, None));
         }
-        let result = write_out(w, &buf);
+        let result = write_out(w, &mut log, &buf);
         buf.clear();
+        if result.is_ok() && log.bytes >= w.cfg.wal_segment_bytes {
+            w.rotate(&mut log);
+        }
+        // The shard queue may make the commit wait: not under the lock.
+        drop(log);
         match result {
             Ok(()) => commit(w, batch, &q.rows),
             Err(e) => fail(w, batch, &e),
         }
         apply_published(w, q, woken_by);
-        if lock(&w.open).bytes >= w.cfg.wal_segment_bytes {
-            if let Err(e) = w.rotate() {
-                tracing::error!(error = %e, "could not start a new WAL segment");
-            }
-        }
         w.stats.wal_busy_since.store(0, Ordering::Relaxed);
     }
 }
@@ -540,7 +453,7 @@ fn encode_begin(buf: &mut Vec<u8>, begin: &CallBegin) {
 }
 
 /// The batch is in the WAL: acknowledge it and hand its rows on.
-fn commit(w: &mut Writer, batch: Batch, shard_tx: &std::sync::mpsc::SyncSender<ShardItem>) {
+fn commit(w: &mut Writer, batch: Batch, shard_tx: &mpsc::Sender<ShardItem>) {
     if w.stats.clear_wal_error() {
         tracing::info!("write-ahead log writes succeed again; recording resumed");
     }
@@ -561,7 +474,7 @@ fn commit(w: &mut Writer, batch: Batch, shard_tx: &std::sync::mpsc::SyncSender<S
         forward.push(item);
     }
     for item in forward {
-        if shard_tx.send(item).is_err() {
+        if shard_tx.blocking_send(item).is_err() {
             tracing::error!("shard writer stopped; rows stay in the WAL until restart");
         }
     }
@@ -598,7 +511,7 @@ fn fail(w: &mut Writer, batch: Batch, e: &std::io::Error) {
     }
     for (item, ack) in batch.finished {
         if let ShardItem::Rollout { segment, .. } = item {
-            if let Some(c) = w.unpublished.get_mut(&segment) {
+            if let Some(c) = lock(&w.log).unpublished.get_mut(&segment) {
                 *c = c.saturating_sub(1);
             }
         }
@@ -606,39 +519,32 @@ fn fail(w: &mut Writer, batch: Batch, e: &std::io::Error) {
     }
 }
 
-fn write_out(w: &mut Writer, buf: &[u8]) -> std::io::Result<()> {
+/// While the test hook's file holds `stall`, wait before writing.
+fn hook_wait(hook: &Option<PathBuf>) {
+    while hook_state(hook) == "stall" {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+fn write_out(w: &Writer, log: &mut Log, buf: &[u8]) -> std::io::Result<()> {
     if buf.is_empty() {
         return Ok(());
     }
-    loop {
-        match hook_state(&w.hook).as_str() {
-            "stall" => std::thread::sleep(std::time::Duration::from_millis(5)),
-            "fail" => {
-                return Err(std::io::Error::other(
-                    "injected write failure (ROLLCALL_TEST_WAL_HOOK)",
-                ))
-            }
-            "torn" => {
-                lock(&w.open).file.write_all(&buf[..buf.len() / 2])?;
-                return Err(std::io::Error::other(
-                    "injected torn write (ROLLCALL_TEST_WAL_HOOK)",
-                ));
-            }
-            _ => break,
+    match hook_state(&w.hook).as_str() {
+        "fail" => {
+            return Err(std::io::Error::other(
+                "injected write failure (ROLLCALL_TEST_WAL_HOOK)",
+            ))
         }
+        "torn" => {
+            log.write_raw(&buf[..buf.len() / 2])?;
+            return Err(std::io::Error::other(
+                "injected torn write (ROLLCALL_TEST_WAL_HOOK)",
+            ));
+        }
+        _ => {}
     }
-    let mut s = lock(&w.open);
-    if let Err(e) = s.file.write_all(buf) {
-        // Cut back before the lock goes: an inline end written next must
-        // follow the last whole frame, not a torn one.
-        let _ = s.file.set_len(s.bytes);
-        return Err(e);
-    }
-    if w.cfg.wal_fsync {
-        s.file.sync_data()?;
-    }
-    s.bytes += buf.len() as u64;
-    drop(s);
+    log.append(buf, w.cfg.wal_fsync)?;
     w.stats
         .wal_bytes_written
         .fetch_add(buf.len() as u64, Ordering::Relaxed);

@@ -11,6 +11,7 @@
 //! The server is handed its parts already built (`app` composes them): its
 //! own config sections, the routes, the recorder.
 
+mod accept;
 mod admin;
 pub mod attempts;
 pub mod budget;
@@ -31,8 +32,7 @@ pub use state::State;
 use crate::config::{OnWalError, RolloutConfig, ServerConfig};
 use crate::record::{Recorder, RecorderTask};
 use crate::upstream::RouteTable;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
+use hyper_util::rt::TokioTimer;
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -130,52 +130,43 @@ impl Server {
             .max_buf_size(state.server.max_header_bytes.max(8192))
             .timer(TokioTimer::new())
             .header_read_timeout(Duration::from_secs(30));
-        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-        tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                accepted = listener.accept() => {
-                    let (stream, _) = match accepted {
-                        Ok(s) => s,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "accept failed");
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                            continue;
-                        }
-                    };
-                    let _ = stream.set_nodelay(true);
-                    // A harness that stops reading stalls our writes: bound them.
-                    let mut io = tokio_io_timeout::TimeoutStream::new(stream);
-                    io.set_write_timeout(Some(write_timeout));
-                    let io = TokioIo::new(Box::pin(io));
-                    let conn = builder.serve_connection(io, TowerToHyperService::new(service.clone()));
-                    let conn = graceful.watch(conn);
-                    tokio::spawn(async move {
-                        if let Err(e) = conn.await {
-                            tracing::debug!(error = %e, "connection ended with an error");
-                        }
-                    });
-                }
-                _ = &mut shutdown => break,
+        let grace = Duration::from_secs(state.server.shutdown_grace_secs);
+        let l = accept::Loop {
+            service,
+            builder,
+            write_timeout,
+            stop: tokio_util::sync::CancellationToken::new(),
+            grace,
+            draining: tokio_util::task::TaskTracker::new(),
+            done: tokio_util::sync::CancellationToken::new(),
+        };
+        let (stop, draining, done) = (l.stop.clone(), l.draining.clone(), l.done.clone());
+        let loops = match accept::start(listener, state.server.threads(), l) {
+            Ok(loops) => loops,
+            Err(e) => {
+                tracing::error!(error = %e, "could not start the server's threads");
+                recorder_task.shutdown().await;
+                return;
             }
-        }
-        drop(listener);
+        };
+        shutdown.await;
+        stop.cancel();
         state.stopping.cancel();
         tracing::info!("shutting down: draining in-flight calls");
-        let grace = Duration::from_secs(state.server.shutdown_grace_secs);
         let deadline = tokio::time::Instant::now() + grace;
-        if tokio::time::timeout(grace, graceful.shutdown())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                "calls still in flight after the grace period; they will be replayed as incomplete"
-            );
-        }
+        draining.close();
+        let _ = tokio::time::timeout_at(deadline, draining.wait()).await;
         // Streams finish in their own tasks; give them the rest of the grace period.
         state.tasks.close();
         let _ = tokio::time::timeout_at(deadline, state.tasks.wait()).await;
         recorder_task.shutdown().await;
+        done.cancel();
+        let _ = tokio::task::spawn_blocking(move || {
+            for l in loops {
+                let _ = l.join();
+            }
+        })
+        .await;
         tracing::info!("all rows published");
     }
 }

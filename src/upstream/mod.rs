@@ -4,6 +4,7 @@
 //! one; nothing else is (a model call is not idempotent once the server has
 //! seen it).
 
+mod clients;
 pub mod pool;
 
 use crate::config::{ConfigError, RouteConfig, RouteKind};
@@ -39,7 +40,7 @@ pub struct Route {
     api_key: Option<String>,
     patterns: Vec<String>,
     model_map: BTreeMap<String, String>,
-    client: reqwest::Client,
+    clients: clients::Clients,
     connect_retries: u32,
     pub response_timeout: Duration,
     pub idle_timeout: Duration,
@@ -76,18 +77,11 @@ impl Route {
         }
         // TLS to https upstreams uses rustls with the `ring` provider.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_millis(c.connect_timeout_ms))
-            .pool_max_idle_per_host(c.pool_max_idle)
-            .pool_idle_timeout(Duration::from_secs(90))
-            .tcp_nodelay(true)
-            .no_proxy()
-            // A proxy passes redirects back to the harness, and retries
-            // nothing but connection errors (below).
-            .redirect(reqwest::redirect::Policy::none())
-            .retry(reqwest::retry::never())
-            .build()
-            .map_err(|e| ConfigError::Invalid(format!("route {:?}: {e}", c.name)))?;
+        let clients = clients::Clients::new(clients::ClientOptions {
+            connect_timeout: Duration::from_millis(c.connect_timeout_ms),
+            pool_max_idle: c.pool_max_idle,
+        })
+        .map_err(|e| ConfigError::Invalid(format!("route {:?}: {e}", c.name)))?;
         let pool = pool::Pool::new(
             &urls,
             c.policy,
@@ -102,7 +96,7 @@ impl Route {
             api_key,
             patterns: c.models.clone(),
             model_map: c.model_map.clone(),
-            client,
+            clients,
             connect_retries: c.connect_retries,
             response_timeout: Duration::from_secs_f64(c.response_timeout_secs),
             idle_timeout: Duration::from_secs_f64(c.idle_timeout_secs),
@@ -229,7 +223,8 @@ impl Route {
                     .map_err(|e| UpstreamError::Request(format!("bad upstream URL: {e}")))?,
             };
             let req = self
-                .client
+                .clients
+                .get()
                 .request(method.clone(), url)
                 .headers(headers.clone())
                 .body(body.clone());
@@ -311,7 +306,8 @@ impl Route {
                         continue;
                     };
                     let probe = r
-                        .client
+                        .clients
+                        .get()
                         .get(url.clone())
                         .timeout(every.min(Duration::from_secs(2)));
                     match probe.send().await {

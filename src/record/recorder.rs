@@ -1,0 +1,200 @@
+//! The response path's handle on the recorder (`Recorder`), what it sends
+//! the WAL writer (`WalMsg`), and the owner of the recorder's threads
+//! (`RecorderTask`).
+
+use super::{feed, pipeline, replay, wal};
+use super::{CallBegin, CallOutcome, RecordError, RecorderStats, RolloutFinish};
+use bytes::Bytes;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+
+/// What the call queue carries, from the response path to the WAL writer.
+pub(crate) enum WalMsg {
+    /// A call's start, with an ack once it is in the WAL.
+    Begin(
+        Arc<CallBegin>,
+        Option<oneshot::Sender<Result<(), RecordError>>>,
+    ),
+    End {
+        outcome: CallOutcome,
+        response: Bytes,
+        upstream_response: Option<Bytes>,
+        ack: oneshot::Sender<Result<(), RecordError>>,
+    },
+    Finish {
+        finish: RolloutFinish,
+        ack: oneshot::Sender<Result<(), RecordError>>,
+    },
+    Shutdown,
+}
+
+/// The response path's handle on the recorder. Cheap to clone.
+#[derive(Clone)]
+pub struct Recorder {
+    tx: mpsc::Sender<WalMsg>,
+    pub stats: Arc<RecorderStats>,
+    /// Inline writes of call ends: with `wal_fsync` off and no test hook.
+    inline: Option<Arc<wal::Inline>>,
+    /// The live feed's reader, with `shards.feed = true`.
+    pub feed: Option<feed::Feed>,
+}
+
+impl Recorder {
+    /// Replay what an earlier run left in the WAL, then start the WAL and
+    /// shard threads.
+    pub fn start(
+        cfg: &crate::config::ShardConfig,
+    ) -> Result<(Recorder, RecorderTask, replay::Recovered), RecordError> {
+        let feed_err = |e: std::io::Error| {
+            RecordError::Shard(format!(
+                "the feed in {}: {e}",
+                cfg.dir.join("feed").display()
+            ))
+        };
+        let (mut writer, feed) = match cfg.feed {
+            true => {
+                let (w, f) = feed::FeedWriter::open(&cfg.dir.join("feed"), cfg.wal_fsync)
+                    .map_err(feed_err)?;
+                (Some(w), Some(f))
+            }
+            false => (None, None),
+        };
+        let recovered = replay::recover(cfg, writer.as_mut())?;
+        let stats = Arc::new(RecorderStats::default());
+        let (tx, stages, inline) = pipeline::start(cfg, recovered.next_segment, &stats, writer)?;
+        let inline =
+            (!cfg.wal_fsync && std::env::var_os(wal::HOOK_ENV).is_none()).then(|| Arc::new(inline));
+        Ok((
+            Recorder {
+                tx: tx.clone(),
+                stats,
+                inline,
+                feed,
+            },
+            RecorderTask {
+                tx,
+                stages: Some(stages),
+            },
+            recovered,
+        ))
+    }
+
+    /// Log a call's start. Waits only for queue space; the returned future
+    /// resolves once the start is in the WAL (or with the write's error), so
+    /// a stream's head can wait for it: a call whose head a client saw is
+    /// always on disk. Written here and now when inline writes are on
+    /// ([`Recorder::inline`]).
+    pub async fn begin(
+        &self,
+        begin: Arc<CallBegin>,
+    ) -> Result<impl std::future::Future<Output = Result<(), RecordError>>, RecordError> {
+        let done = match self.inline().map(|i| i.begin(&begin)) {
+            Some(Ok(())) => None,
+            failed => {
+                if let Some(Err(e)) = failed {
+                    tracing::warn!(error = %e, "inline write-ahead log write failed; the writer thread takes the call's start");
+                }
+                let (ack, done) = oneshot::channel();
+                self.tx
+                    .send(WalMsg::Begin(begin, Some(ack)))
+                    .await
+                    .map_err(|_| RecordError::Closed)?;
+                Some(done)
+            }
+        };
+        Ok(async move {
+            match done {
+                None => Ok(()),
+                Some(done) => done.await.unwrap_or(Err(RecordError::Closed)),
+            }
+        })
+    }
+
+    /// Inline writes, when they can be used now: on (`wal_fsync` off, no
+    /// test hook) and the WAL taking writes.
+    fn inline(&self) -> Option<&wal::Inline> {
+        self.inline.as_deref().filter(|_| !self.stats.wal_failing())
+    }
+
+    /// Log a call's end and wait until it is in the WAL.
+    pub async fn end(
+        &self,
+        outcome: CallOutcome,
+        response: Bytes,
+        upstream_response: Option<Bytes>,
+    ) -> Result<(), RecordError> {
+        self.submit_end(outcome, response, upstream_response)
+            .await?
+            .await
+    }
+
+    /// Queue a call's end (waiting only for queue space); the returned
+    /// future resolves once it is in the WAL, or with the write's error.
+    pub async fn submit_end(
+        &self,
+        outcome: CallOutcome,
+        response: Bytes,
+        upstream_response: Option<Bytes>,
+    ) -> Result<impl std::future::Future<Output = Result<(), RecordError>>, RecordError> {
+        let (ack, done) = oneshot::channel();
+        self.tx
+            .send(WalMsg::End {
+                outcome,
+                response,
+                upstream_response,
+                ack,
+            })
+            .await
+            .map_err(|_| RecordError::Closed)?;
+        Ok(async move { done.await.map_err(|_| RecordError::Closed)? })
+    }
+
+    /// Write a call's end here and now, when that can be done (inline
+    /// writes usable, and the call's start known to be in the WAL already,
+    /// so the end never precedes it), and hand its row to the shard
+    /// writer. Returns the end back when it must go the thread's way
+    /// ([`Recorder::submit_end`]).
+    pub async fn end_inline(
+        &self,
+        outcome: CallOutcome,
+        response: Bytes,
+        upstream_response: Option<Bytes>,
+    ) -> Option<(CallOutcome, Bytes, Option<Bytes>)> {
+        let Some(inline) = self.inline() else {
+            return Some((outcome, response, upstream_response));
+        };
+        inline.end(outcome, response, upstream_response).await.err()
+    }
+
+    /// Log a rollout's outcome and wait until it is in the WAL.
+    pub async fn finish(&self, finish: RolloutFinish) -> Result<(), RecordError> {
+        let (ack, done) = oneshot::channel();
+        self.tx
+            .send(WalMsg::Finish { finish, ack })
+            .await
+            .map_err(|_| RecordError::Closed)?;
+        done.await.map_err(|_| RecordError::Closed)?
+    }
+
+    pub fn unpublished_rows(&self) -> i64 {
+        self.stats.unpublished_rows.load(Ordering::Relaxed)
+    }
+}
+
+/// Owns the recorder threads; `shutdown` flushes and publishes everything.
+pub struct RecorderTask {
+    tx: mpsc::Sender<WalMsg>,
+    stages: Option<pipeline::Stages>,
+}
+
+impl RecorderTask {
+    /// Publish every pending row and stop. Calls still in flight are left in
+    /// the WAL and become `incomplete` rows at the next start.
+    pub async fn shutdown(mut self) {
+        let _ = self.tx.send(WalMsg::Shutdown).await;
+        if let Some(stages) = self.stages.take() {
+            let _ = tokio::task::spawn_blocking(move || stages.join()).await;
+        }
+    }
+}

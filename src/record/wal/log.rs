@@ -1,0 +1,195 @@
+//! The WAL's live state, shared by the writer's thread and the response
+//! path: the segment being written, which calls are open, and how many rows
+//! each live segment still holds unpublished. One lock guards it all, so a
+//! frame's bytes and its booking never part.
+//!
+//! With `wal_fsync` off, a `write` to the OS is all the writer's thread
+//! would do for a call, and handing each start and end to it costs two
+//! cross-thread wake-ups per call, more than the write itself. So the
+//! response path writes them here, under the lock ([`Inline`]), and hands
+//! the finished row straight to the shard queue; the thread then only
+//! deletes segments, ends open calls at shutdown, and takes over whatever
+//! an inline write could not do (a failed write, rollout finishes, group
+//! commit with fsync on).
+
+use super::frame::{encode, Kind};
+use super::segment::open_segment;
+use crate::record::shard::ShardItem;
+use crate::record::{CallBegin, CallOutcome, CompletedCall, RecorderStats};
+use bytes::Bytes;
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::mpsc;
+
+/// What the lock guards.
+pub(crate) struct Log {
+    file: File,
+    /// Bytes of whole frames in the current segment: where a failed write
+    /// is cut back to.
+    pub(super) bytes: u64,
+    pub(super) segment: u64,
+    /// Calls and finishes begun in each live segment and not yet published.
+    pub(super) unpublished: BTreeMap<u64, u64>,
+    /// In-flight calls: their begin record and the segment it is in.
+    pub(super) pending: HashMap<String, (u64, Arc<CallBegin>)>,
+    /// Set once the writer has stopped taking calls: an inline write then
+    /// fails, and the call goes the (closed) thread's way.
+    pub(super) closed: bool,
+}
+
+pub(crate) type SharedLog = Arc<Mutex<Log>>;
+
+pub(super) fn lock(log: &Mutex<Log>) -> MutexGuard<'_, Log> {
+    log.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Log {
+    pub(super) fn new(file: File, segment: u64) -> Log {
+        Log {
+            file,
+            bytes: 0,
+            segment,
+            unpublished: BTreeMap::from([(segment, 0)]),
+            pending: HashMap::new(),
+            closed: false,
+        }
+    }
+
+    /// Append whole frames. A failed write is cut back to the last whole
+    /// frame before the lock goes, so the next frame never follows a torn
+    /// one.
+    pub(super) fn append(&mut self, buf: &[u8], fsync: bool) -> std::io::Result<()> {
+        if let Err(e) = self.file.write_all(buf) {
+            let _ = self.file.set_len(self.bytes);
+            return Err(e);
+        }
+        if fsync {
+            self.file.sync_data()?;
+        }
+        self.bytes += buf.len() as u64;
+        Ok(())
+    }
+
+    /// Write `buf` as it is, with no booking: the test hook's torn write.
+    pub(super) fn write_raw(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        self.file.write_all(buf)
+    }
+
+    /// Cut the segment back to its last whole frame, durably.
+    pub(super) fn cut_back(&self) -> std::io::Result<()> {
+        self.file.set_len(self.bytes)?;
+        self.file.sync_data()
+    }
+
+    /// Start the next segment.
+    pub(super) fn rotate(&mut self, dir: &Path, stats: &RecorderStats) -> std::io::Result<()> {
+        self.file = open_segment(dir, self.segment + 1)?;
+        self.segment += 1;
+        self.bytes = 0;
+        self.unpublished.entry(self.segment).or_insert(0);
+        stats.wal_segments.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A call's start is in the current segment.
+    pub(super) fn book_begin(&mut self, begin: Arc<CallBegin>) {
+        *self.unpublished.entry(self.segment).or_insert(0) += 1;
+        self.pending
+            .insert(begin.meta.call_id.clone(), (self.segment, begin));
+    }
+}
+
+/// Starts and ends written on the response path (see the module's doc).
+/// Used only with `wal_fsync` off, no test hook, and while writes succeed;
+/// a failed inline write is cut back and the frame goes the thread's way,
+/// which owns the failure handling.
+pub(crate) struct Inline {
+    pub(super) log: SharedLog,
+    pub(super) dir: PathBuf,
+    pub(super) segment_bytes: u64,
+    pub(super) stats: Arc<RecorderStats>,
+    /// The shard queue, where a call's row goes once its end is written.
+    pub(super) rows: mpsc::Sender<ShardItem>,
+}
+
+impl Inline {
+    /// Write one frame and book it, under the lock.
+    fn write(&self, frame: &[u8], book: impl FnOnce(&mut Log)) -> std::io::Result<()> {
+        let mut log = lock(&self.log);
+        if log.closed {
+            return Err(std::io::Error::other("the write-ahead log has stopped"));
+        }
+        log.append(frame, false)?;
+        book(&mut log);
+        if log.bytes >= self.segment_bytes {
+            if let Err(e) = log.rotate(&self.dir, &self.stats) {
+                tracing::error!(error = %e, "could not start a new WAL segment");
+            }
+        }
+        drop(log);
+        self.stats
+            .wal_bytes_written
+            .fetch_add(frame.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Write a call's start; `Err` when it could not be (nothing of it
+    /// stays).
+    pub(crate) fn begin(&self, begin: &Arc<CallBegin>) -> std::io::Result<()> {
+        let mut buf = Vec::with_capacity(begin.request.len() + 512);
+        super::encode_begin(&mut buf, begin);
+        self.write(&buf, |log| log.book_begin(begin.clone()))
+    }
+
+    /// Write a call's end (its start is in the WAL already) and hand its
+    /// row to the shard queue, waiting for room there. Gives the end back
+    /// when it could not be written (nothing of it stays).
+    pub(crate) async fn end(
+        &self,
+        outcome: CallOutcome,
+        response: Bytes,
+        upstream_response: Option<Bytes>,
+    ) -> Result<(), (CallOutcome, Bytes, Option<Bytes>)> {
+        let Ok(header) = serde_json::to_vec(&outcome) else {
+            return Err((outcome, response, upstream_response));
+        };
+        let mut buf = Vec::with_capacity(header.len() + response.len() + 64);
+        let up = upstream_response.as_deref().unwrap_or(&[]);
+        if encode(&mut buf, Kind::End, &header, &response, up).is_err() {
+            return Err((outcome, response, upstream_response));
+        }
+        let mut open = None;
+        let written = self.write(&buf, |log| open = log.pending.remove(&outcome.call_id));
+        if let Err(e) = written {
+            tracing::warn!(error = %e, "inline write-ahead log write failed; the writer thread takes the call's end");
+            return Err((outcome, response, upstream_response));
+        }
+        let Some((segment, begin)) = open else {
+            tracing::error!(call_id = %outcome.call_id, "call ended without a begin record");
+            return Ok(());
+        };
+        // On disk now, and counted before the caller answers, so that
+        // `shard_lag_rows` covers it; if the shard writer has stopped,
+        // replay at the next start publishes it.
+        self.stats.unpublished_rows.fetch_add(1, Ordering::Relaxed);
+        let call = CompletedCall {
+            begin,
+            outcome,
+            response,
+            upstream_response,
+        };
+        if self
+            .rows
+            .send(ShardItem::Call { segment, call })
+            .await
+            .is_err()
+        {
+            tracing::error!("shard writer stopped; rows stay in the WAL until restart");
+        }
+        Ok(())
+    }
+}
