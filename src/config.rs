@@ -87,6 +87,9 @@ pub struct ServerConfig {
     pub threads: usize,
 }
 
+/// The most serving threads a configuration may ask for.
+pub const MAX_SERVER_THREADS: usize = 1024;
+
 impl ServerConfig {
     /// The threads to serve on: `threads`, or one per core.
     pub fn threads(&self) -> usize {
@@ -372,6 +375,12 @@ impl Config {
                     "{name} must be between 1 and {FRAME_LIMIT} (2 GiB)"
                 ));
             }
+        }
+        if self.server.threads > MAX_SERVER_THREADS {
+            return invalid(format!(
+                "server.threads is {}; at most {MAX_SERVER_THREADS} (0: one per core)",
+                self.server.threads
+            ));
         }
         if self.server.max_concurrent_calls == 0 {
             return invalid("server.max_concurrent_calls must be positive".into());

@@ -112,3 +112,15 @@ model_map = { "gpt-4o" = "qwen" }
     assert_eq!(c.rollouts.untagged, Untagged::Reject);
     assert_eq!(c.routes[0].model_map["gpt-4o"], "qwen");
 }
+
+#[test]
+fn server_threads_are_bounded() {
+    let mut c = Config::default();
+    c.set_upstream("http://127.0.0.1:9/v1");
+    c.server.threads = MAX_SERVER_THREADS + 1;
+    let e = c.validate().unwrap_err().to_string();
+    assert!(e.contains("server.threads"), "{e}");
+    c.server.threads = 2;
+    assert!(c.validate().is_ok());
+    assert_eq!(c.server.threads(), 2);
+}
