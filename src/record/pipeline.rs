@@ -156,7 +156,7 @@ pub(crate) fn start(
     first_segment: u64,
     stats: &Arc<RecorderStats>,
     feed: Option<super::feed::FeedWriter>,
-) -> Result<(mpsc::Sender<WalMsg>, Stages, wal::Inline), RecordError> {
+) -> Result<(mpsc::Sender<WalMsg>, Stages, Option<wal::Inline>), RecordError> {
     // Both stages' files are opened before either starts, so a disk that
     // cannot be written is a start-up error.
     let writer = wal::Writer::open(cfg.clone(), first_segment, stats.clone())?;

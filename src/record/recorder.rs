@@ -34,7 +34,8 @@ pub(crate) enum WalMsg {
 pub struct Recorder {
     tx: mpsc::Sender<WalMsg>,
     pub stats: Arc<RecorderStats>,
-    /// Inline writes of call ends: with `wal_fsync` off and no test hook.
+    /// Inline writes of call starts and ends: with `wal_fsync` off and no
+    /// test hook.
     inline: Option<Arc<wal::Inline>>,
     /// The live feed's reader, with `shards.feed = true`.
     pub feed: Option<feed::Feed>,
@@ -63,8 +64,7 @@ impl Recorder {
         let recovered = replay::recover(cfg, writer.as_mut())?;
         let stats = Arc::new(RecorderStats::default());
         let (tx, stages, inline) = pipeline::start(cfg, recovered.next_segment, &stats, writer)?;
-        let inline =
-            (!cfg.wal_fsync && std::env::var_os(wal::HOOK_ENV).is_none()).then(|| Arc::new(inline));
+        let inline = inline.map(Arc::new);
         Ok((
             Recorder {
                 tx: tx.clone(),

@@ -96,15 +96,16 @@ impl Writer {
         })
     }
 
-    /// Inline writes into this writer's segments, whose rows go to `rows`.
-    pub(crate) fn inline(&self, rows: mpsc::Sender<ShardItem>) -> Inline {
-        Inline {
+    /// Inline writes into this writer's segments, whose rows go to `rows`:
+    /// with `wal_fsync` off and no test hook (which must see every write).
+    pub(crate) fn inline(&self, rows: mpsc::Sender<ShardItem>) -> Option<Inline> {
+        (!self.cfg.wal_fsync && self.hook.is_none()).then(|| Inline {
             log: self.log.clone(),
             dir: self.dir.clone(),
             segment_bytes: self.cfg.wal_segment_bytes,
             stats: self.stats.clone(),
             rows,
-        }
+        })
     }
 
     fn rotate(&self, log: &mut Log) {
@@ -378,11 +379,8 @@ fn write_batches(w: &mut Writer, q: &mut WalQueues) {
                     upstream_response,
                     ack,
                 } => {
-                    let header = serde_json::to_vec(&outcome).unwrap_or_default();
-                    let up = upstream_response.as_deref().unwrap_or(&[]);
-                    let mark = buf.len();
-                    if let Err(e) = encode(&mut buf, Kind::End, &header, &response, up) {
-                        buf.truncate(mark);
+                    let up = upstream_response.as_deref();
+                    if let Err(e) = encode_end(&mut buf, &outcome, &response, up) {
                         let _ = ack.send(Err(RecordError::Wal(e.to_string())));
                         continue;
                     }
@@ -424,9 +422,8 @@ fn write_batches(w: &mut Writer, q: &mut WalQueues) {
             }
         }
         for (_, (segment, call)) in w.retry.drain() {
-            let header = serde_json::to_vec(&call.outcome).unwrap_or_default();
-            let up = call.upstream_response.as_deref().unwrap_or(&[]);
-            let _ = encode(&mut buf, Kind::End, &header, &call.response, up);
+            let up = call.upstream_response.as_deref();
+            let _ = encode_end(&mut buf, &call.outcome, &call.response, up);
             batch.ended.push((ShardItem::Call { segment, call }, None));
         }
         let result = write_out(w, &mut log, &buf);
@@ -450,6 +447,21 @@ fn encode_begin(buf: &mut Vec<u8>, begin: &CallBegin) {
     let up = begin.upstream_request.as_deref().unwrap_or(&[]);
     // Request bodies are capped far below a frame's limit (config validation).
     let _ = encode(buf, Kind::Begin, &header, &begin.request, up);
+}
+
+/// Append a call's end frame to `buf`; on an error `buf` is as it was.
+fn encode_end(
+    buf: &mut Vec<u8>,
+    outcome: &CallOutcome,
+    response: &[u8],
+    upstream: Option<&[u8]>,
+) -> std::io::Result<()> {
+    let header = serde_json::to_vec(outcome).map_err(std::io::Error::other)?;
+    let mark = buf.len();
+    encode(buf, Kind::End, &header, response, upstream.unwrap_or(&[])).map_err(|e| {
+        buf.truncate(mark);
+        std::io::Error::other(e.to_string())
+    })
 }
 
 /// The batch is in the WAL: acknowledge it and hand its rows on.

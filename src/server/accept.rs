@@ -34,12 +34,7 @@ pub(super) struct Loop<S> {
     pub done: CancellationToken,
 }
 
-/// Start `threads` accept loops on `listener`.
-pub(super) fn start<S, B>(
-    listener: TcpListener,
-    threads: usize,
-    l: Loop<S>,
-) -> std::io::Result<Vec<std::thread::JoinHandle<()>>>
+impl<S, B> Loop<S>
 where
     S: tower::Service<
             http::Request<hyper::body::Incoming>,
@@ -51,83 +46,79 @@ where
     S::Future: Send + 'static,
     B: http_body::Body<Data = bytes::Bytes, Error = std::io::Error> + Send + 'static,
 {
-    let listener = listener.into_std()?;
-    let mut handles = Vec::with_capacity(threads);
-    for i in 0..threads.max(1) {
-        let listener = listener.try_clone()?;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let l = l.clone();
-        let draining = l.draining.token();
-        let handle = std::thread::Builder::new()
-            .name(format!("rollcall-serve-{i}"))
-            .spawn(move || {
-                rt.block_on(async move {
-                    match TcpListener::from_std(listener) {
-                        Ok(listener) => accept(listener, &l).await,
-                        Err(e) => tracing::error!(error = %e, "could not listen"),
-                    }
-                    drop(draining);
-                    // Connections and streams still draining run on this
-                    // runtime: it runs until the server says they are done.
-                    l.done.cancelled().await;
-                })
-            })?;
-        handles.push(handle);
+    /// Start `threads` accept loops on `listener`.
+    pub(super) fn start(
+        self,
+        listener: TcpListener,
+        threads: usize,
+    ) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+        let listener = listener.into_std()?;
+        let mut handles = Vec::with_capacity(threads);
+        for i in 0..threads.max(1) {
+            let listener = listener.try_clone()?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let l = self.clone();
+            let draining = l.draining.token();
+            let handle = std::thread::Builder::new()
+                .name(format!("rollcall-serve-{i}"))
+                .spawn(move || {
+                    rt.block_on(async move {
+                        match TcpListener::from_std(listener) {
+                            Ok(listener) => l.accept(listener).await,
+                            Err(e) => tracing::error!(error = %e, "could not listen"),
+                        }
+                        drop(draining);
+                        // Connections and streams still draining run on this
+                        // runtime: it runs until the server says they are done.
+                        l.done.cancelled().await;
+                    })
+                })?;
+            handles.push(handle);
+        }
+        Ok(handles)
     }
-    Ok(handles)
-}
 
-/// Accept and serve until `stop`, then drain this thread's connections.
-async fn accept<S, B>(listener: TcpListener, l: &Loop<S>)
-where
-    S: tower::Service<
-            http::Request<hyper::body::Incoming>,
-            Response = http::Response<B>,
-            Error = std::convert::Infallible,
-        > + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body<Data = bytes::Bytes, Error = std::io::Error> + Send + 'static,
-{
-    let graceful = GracefulShutdown::new();
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = l.stop.cancelled() => break,
-        };
-        let stream = match accepted {
-            Ok((s, _)) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        // A harness that stops reading stalls our writes: bound them.
-        let mut io = tokio_io_timeout::TimeoutStream::new(stream);
-        io.set_write_timeout(Some(l.write_timeout));
-        let io = TokioIo::new(Box::pin(io));
-        let conn = l
-            .builder
-            .serve_connection(io, TowerToHyperService::new(l.service.clone()));
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    if tokio::time::timeout(l.grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            "calls still in flight after the grace period; they will be replayed as incomplete"
-        );
+    /// Accept and serve until `stop`, then drain this thread's connections.
+    async fn accept(&self, listener: TcpListener) {
+        let graceful = GracefulShutdown::new();
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = self.stop.cancelled() => break,
+            };
+            let stream = match accepted {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            // A harness that stops reading stalls our writes: bound them.
+            let mut io = tokio_io_timeout::TimeoutStream::new(stream);
+            io.set_write_timeout(Some(self.write_timeout));
+            let io = TokioIo::new(Box::pin(io));
+            let conn = self
+                .builder
+                .serve_connection(io, TowerToHyperService::new(self.service.clone()));
+            let conn = graceful.watch(conn);
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+            });
+        }
+        drop(listener);
+        if tokio::time::timeout(self.grace, graceful.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "calls still in flight after the grace period; they will be replayed as incomplete"
+            );
+        }
     }
 }

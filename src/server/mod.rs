@@ -141,7 +141,7 @@ impl Server {
             done: tokio_util::sync::CancellationToken::new(),
         };
         let (stop, draining, done) = (l.stop.clone(), l.draining.clone(), l.done.clone());
-        let loops = match accept::start(listener, state.server.threads(), l) {
+        let loops = match l.start(listener, state.server.threads()) {
             Ok(loops) => loops,
             Err(e) => {
                 tracing::error!(error = %e, "could not start the server's threads");

@@ -12,7 +12,6 @@
 //! an inline write could not do (a failed write, rollout finishes, group
 //! commit with fsync on).
 
-use super::frame::{encode, Kind};
 use super::segment::open_segment;
 use crate::record::shard::ShardItem;
 use crate::record::{CallBegin, CallOutcome, CompletedCall, RecorderStats};
@@ -154,12 +153,9 @@ impl Inline {
         response: Bytes,
         upstream_response: Option<Bytes>,
     ) -> Result<(), (CallOutcome, Bytes, Option<Bytes>)> {
-        let Ok(header) = serde_json::to_vec(&outcome) else {
-            return Err((outcome, response, upstream_response));
-        };
-        let mut buf = Vec::with_capacity(header.len() + response.len() + 64);
-        let up = upstream_response.as_deref().unwrap_or(&[]);
-        if encode(&mut buf, Kind::End, &header, &response, up).is_err() {
+        let mut buf = Vec::with_capacity(response.len() + 512);
+        let up = upstream_response.as_deref();
+        if super::encode_end(&mut buf, &outcome, &response, up).is_err() {
             return Err((outcome, response, upstream_response));
         }
         let mut open = None;
