@@ -188,7 +188,7 @@ fn generate_untagged(cfg: &ShardConfig, rows: usize) -> (usize, usize) {
         }
         c.prompt.extend_from_slice(&completion);
         c.msgs.push(answer);
-        let obs = if c.turn % 2 == 0 && !last {
+        let obs = if c.turn.is_multiple_of(2) && !last {
             json!({"role": "tool", "tool_call_id": format!("call_{}_{}", c.id, c.turn), "content": format!("{}", c.turn)})
         } else {
             json!({"role": "user", "content": "Thanks. And with an index?"})

@@ -38,7 +38,7 @@ pub fn thousands(n: u64) -> String {
     let d = n.to_string();
     let mut out = String::with_capacity(d.len() + d.len() / 3);
     for (i, c) in d.chars().enumerate() {
-        if i > 0 && (d.len() - i) % 3 == 0 {
+        if i > 0 && (d.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -91,7 +91,7 @@ impl Progress {
     fn event(&self) {
         let n = self.events.get() + 1;
         self.events.set(n);
-        if n % 256 == 0 {
+        if n.is_multiple_of(256) {
             self.tick();
         }
     }

@@ -215,7 +215,7 @@ mod tests {
             route: None,
             model: None,
             upstream_model: None,
-            stream: i % 2 == 0,
+            stream: i.is_multiple_of(2),
             received_at: 1,
             user_agent: None,
             upstream_api: None,
