@@ -31,6 +31,7 @@ fn run(model: &Model, prompt: Vec<u32>, max_tokens: usize) -> Run {
                 ..Sampling::default()
             },
             0,
+            None,
         )
         .expect("the model takes a generation");
     let (mut cached, mut first, mut generated) = (0, None, 0);
@@ -43,6 +44,7 @@ fn run(model: &Model, prompt: Vec<u32>, max_tokens: usize) -> Run {
             }
             Step::Done(_) => break,
             Step::Failed(e) => panic!("generation failed: {e}"),
+            Step::Prompt(_) => {}
         }
     }
     let first = first.expect("at least one token");
@@ -80,12 +82,17 @@ fn main() {
         std::process::exit(1);
     }
     let t = Instant::now();
-    let model = Model::load(&path, EmbeddedConfig::default()).expect("load the model");
+    let options = EmbeddedConfig {
+        kv_slots: 8,
+        ..EmbeddedConfig::default()
+    };
+    let model = Model::load(&path, options).expect("load the model");
     println!(
-        "embedded model {} ({}), {} cores: loaded in {:.2} s",
+        "embedded model {} ({}), {} cores, {} threads: loaded in {:.2} s",
         model.name,
         path.display(),
         std::thread::available_parallelism().map_or(1, |n| n.get()),
+        model.threads(),
         t.elapsed().as_secs_f64()
     );
     run(&model, prompt(&model, 64, 0), 4); // warm up
@@ -107,6 +114,54 @@ fn main() {
             format!("decode, after a {n}-token prompt"),
             r.generated - 1,
             (r.generated - 1) as f64 / r.decode.as_secs_f64()
+        );
+    }
+    // Concurrent generations decode in one batch: aggregate tokens/s.
+    for streams in [1usize, 4, 8] {
+        let started = Instant::now();
+        let rxs: Vec<_> = (0..streams)
+            .map(|i| {
+                model
+                    .generate(
+                        prompt(&model, 32, 30 + i),
+                        None,
+                        64,
+                        Sampling {
+                            temperature: 0.8,
+                            seed: Some(i as u64),
+                            ..Sampling::default()
+                        },
+                        0,
+                        None,
+                    )
+                    .expect("the model takes a generation")
+            })
+            .collect();
+        let tokens: usize = std::thread::scope(|s| {
+            let handles: Vec<_> = rxs
+                .into_iter()
+                .map(|mut rx| {
+                    s.spawn(move || {
+                        let mut n = 0;
+                        while let Some(step) = rx.blocking_recv() {
+                            match step {
+                                Step::Token { .. } => n += 1,
+                                Step::Done(_) => break,
+                                Step::Failed(e) => panic!("generation failed: {e}"),
+                                Step::Started { .. } | Step::Prompt(_) => {}
+                            }
+                        }
+                        n
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or(0)).sum()
+        });
+        println!(
+            "{:<34} {:>10} {:>12.1}",
+            format!("{streams} concurrent streams (aggregate)"),
+            tokens,
+            tokens as f64 / started.elapsed().as_secs_f64()
         );
     }
     // An agent's next turn: the last prompt plus 64 new tokens.

@@ -58,7 +58,14 @@ fn embedded_routes_take_a_model_not_a_url() {
     .unwrap();
     c.validate().unwrap();
     assert_eq!(c.routes[0].embedded.default_max_tokens, 64);
-    assert!(c.routes[0].embedded.dequantize, "f32 by default");
+    assert!(
+        !c.routes[0].embedded.dequantize,
+        "quantized blocks by default"
+    );
+    assert_eq!(
+        c.routes[0].embedded.threads, 0,
+        "one thread per core by default"
+    );
     let mut c = c;
     c.set_upstream("http://127.0.0.1:9/v1");
     let err = c.validate().unwrap_err().to_string();

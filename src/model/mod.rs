@@ -16,15 +16,15 @@
 //! same conversation) only computes the new tokens.
 
 pub mod fetch;
+pub mod load;
 pub mod sample;
 pub mod serve;
 pub mod template;
 pub mod tokenizer;
 pub mod tools;
 
-use candle_core::quantized::{gguf_file, GgmlDType, QTensor};
-use candle_core::{Device, Tensor};
-use candle_transformers::models::quantized_llama::{ModelWeights, MAX_SEQ_LEN};
+use candle_core::quantized::gguf_file;
+use rollcall_engine as engine;
 use sample::{Sampler, Sampling};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
@@ -72,6 +72,9 @@ pub enum Step {
     Started {
         cached: usize,
     },
+    /// The logprob of every prompt token after the first under the model
+    /// (asked for with `prompt_logprobs`), before the first `Token`.
+    Prompt(Vec<PromptLogprob>),
     /// A sampled token, its logprob and the most likely alternatives.
     Token {
         id: u32,
@@ -81,6 +84,17 @@ pub enum Step {
     /// Generation ended: an end-of-turn token (`Stop`) or the token limit.
     Done(Finish),
     Failed(String),
+}
+
+/// A prompt token's logprob given the tokens before it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    /// 1 for the most likely token.
+    pub rank: usize,
+    /// The most likely tokens there, most likely first.
+    pub top: Vec<(u32, f32)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +112,10 @@ pub struct Job {
     pub max_tokens: usize,
     pub sampling: Sampling,
     pub top_logprobs: usize,
+    /// Score the prompt: every token's logprob, with this many of the most
+    /// likely alternatives. The prompt is then computed whole, with no KV
+    /// cache reused.
+    pub prompt_logprobs: Option<usize>,
     steps: UnboundedSender<Step>,
 }
 
@@ -110,8 +128,12 @@ pub struct Model {
     /// Tokens of prompt and answer together the model can attend to.
     pub context: usize,
     pub options: EmbeddedConfig,
+    threads: usize,
     jobs: mpsc::SyncSender<Job>,
 }
+
+/// Positions a sequence may reach (prompt and answer together), at most.
+pub const MAX_CONTEXT: usize = 4096;
 
 /// A generation the model could not take.
 #[derive(Debug, thiserror::Error)]
@@ -134,6 +156,11 @@ fn md_str<'a>(
 }
 
 impl Model {
+    /// Threads the engine computes on.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
     /// Load a llama-architecture GGUF file and start its worker.
     pub fn load(path: &Path, options: EmbeddedConfig) -> Result<Arc<Model>, ModelError> {
         let read_err = |message: String| ModelError::Read {
@@ -158,34 +185,33 @@ impl Model {
             |t: &Option<(u32, String)>| t.as_ref().map(|t| t.1.clone()).unwrap_or_default();
         let template =
             template::ChatTemplate::new(source, &name_of(&vocab.bos), &name_of(&vocab.eos))?;
-        let context = md
-            .get("llama.context_length")
-            .and_then(|v| v.to_u32().ok())
-            .map_or(MAX_SEQ_LEN, |c| (c as usize).min(MAX_SEQ_LEN));
-        let weights = if options.dequantize {
-            dequantized(content, &mut file)?
-        } else {
-            ModelWeights::from_gguf(content, &mut file, &Device::Cpu)?
-        };
+        let shape = load::shape(&content, MAX_CONTEXT)?;
+        let context = shape.context;
+        let engine = load::engine(
+            &content,
+            &mut file,
+            shape,
+            options.threads,
+            options.dequantize,
+        )?;
         let name = options.name.clone().unwrap_or_else(|| {
             path.file_stem()
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "embedded".into())
         });
         let (jobs, rx) = mpsc::sync_channel(options.queue.max(1));
+        let threads = engine.threads();
         let worker = Worker {
+            engine,
             slots: (0..options.kv_slots.max(1))
                 .map(|_| Slot {
-                    current: State {
-                        weights: weights.clone(),
-                        tokens: Vec::new(),
-                    },
-                    after_prompt: None,
+                    cache: engine::Cache::default(),
+                    tokens: Vec::new(),
+                    checkpoint: None,
                     used: 0,
                 })
                 .collect(),
             stop_ids: vocab.stop_ids.clone(),
-            context,
             clock: 0,
         };
         std::thread::Builder::new()
@@ -199,6 +225,7 @@ impl Model {
             template,
             context,
             options,
+            threads,
             jobs,
         }))
     }
@@ -212,6 +239,7 @@ impl Model {
         max_tokens: usize,
         sampling: Sampling,
         top_logprobs: usize,
+        prompt_logprobs: Option<usize>,
     ) -> Result<UnboundedReceiver<Step>, Busy> {
         let (steps, rx) = unbounded_channel();
         let job = Job {
@@ -220,6 +248,7 @@ impl Model {
             max_tokens,
             sampling,
             top_logprobs,
+            prompt_logprobs,
             steps,
         };
         match self.jobs.try_send(job) {
@@ -230,180 +259,349 @@ impl Model {
     }
 }
 
-/// The model with every weight dequantized to f32: the file is rewritten in
-/// memory with f32 tensors, which candle then multiplies unquantized.
-fn dequantized(
-    content: gguf_file::Content,
-    file: &mut std::fs::File,
-) -> Result<ModelWeights, ModelError> {
-    let mut tensors = Vec::with_capacity(content.tensor_infos.len());
-    for name in content.tensor_infos.keys() {
-        let t = content
-            .tensor(file, name, &Device::Cpu)?
-            .dequantize(&Device::Cpu)?;
-        tensors.push((name.clone(), QTensor::quantize(&t, GgmlDType::F32)?));
-    }
-    let md: Vec<(&str, &gguf_file::Value)> = content
-        .metadata
-        .iter()
-        .map(|(k, v)| (k.as_str(), v))
-        .collect();
-    let refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let mut buf = std::io::Cursor::new(Vec::new());
-    gguf_file::write(&mut buf, &md, &refs)?;
-    drop(tensors);
-    buf.set_position(0);
-    let f32_content = gguf_file::Content::read(&mut buf)?;
-    Ok(ModelWeights::from_gguf(
-        f32_content,
-        &mut buf,
-        &Device::Cpu,
-    )?)
-}
-
-/// A model state: KV caches and the tokens they hold.
-#[derive(Clone)]
-struct State {
-    weights: ModelWeights,
-    tokens: Vec<u32>,
-}
-
-impl State {
-    /// How many tokens of `prompt` this state saves computing (0: none).
-    fn reuse(&self, prompt: &[u32]) -> usize {
-        let n = self.tokens.len();
-        if n > 0 && n < prompt.len() && prompt.starts_with(&self.tokens) {
-            n
-        } else {
-            0
-        }
-    }
-}
-
-/// One KV cache in use: its state after the last generation, and a
-/// snapshot at that prompt's checkpoint (the conversation before the
-/// assistant's turn opens). The next turn usually extends the first;
-/// harnesses that drop a failed answer from the history (mini-swe-agent on
-/// a format error) extend only the second. Both share their tensors, so the
-/// snapshot costs only what was computed after it.
+/// One KV cache in use and the tokens it holds, with a checkpoint: the
+/// length of the conversation before the assistant's turn opened, a prefix
+/// of those tokens. The next turn usually extends all of them; harnesses
+/// that drop a failed answer from the history (mini-swe-agent on a format
+/// error) extend only the checkpoint's prefix, and the cache is cut back
+/// to it.
 struct Slot {
-    current: State,
-    after_prompt: Option<State>,
+    cache: engine::Cache,
+    tokens: Vec<u32>,
+    checkpoint: Option<usize>,
     used: u64,
 }
 
 impl Slot {
-    fn best_reuse(&self, prompt: &[u32]) -> usize {
-        let snap = self.after_prompt.as_ref().map_or(0, |s| s.reuse(prompt));
-        self.current.reuse(prompt).max(snap)
+    /// How many of `prompt`'s tokens this slot saves computing (0: none),
+    /// and whether that takes cutting the cache back to the checkpoint.
+    fn reuse(&self, prompt: &[u32]) -> (usize, bool) {
+        let extends = |n: usize| n > 0 && n < prompt.len() && prompt.starts_with(&self.tokens[..n]);
+        if extends(self.tokens.len()) {
+            (self.tokens.len(), false)
+        } else {
+            match self
+                .checkpoint
+                .filter(|&cp| cp <= self.tokens.len() && extends(cp))
+            {
+                Some(cp) => (cp, true),
+                None => (0, false),
+            }
+        }
+    }
+
+    fn clear(&mut self, shape: &engine::Shape) {
+        self.cache.truncate(0, shape);
+        self.tokens.clear();
+        self.checkpoint = None;
     }
 }
 
 struct Worker {
+    engine: engine::Engine,
     slots: Vec<Slot>,
     stop_ids: Vec<u32>,
-    context: usize,
     clock: u64,
 }
 
-fn logits(weights: &mut ModelWeights, ids: &[u32], pos: usize) -> candle_core::Result<Vec<f32>> {
-    let x = Tensor::new(ids, &Device::Cpu)?.unsqueeze(0)?;
-    weights
-        .forward(&x, pos)?
-        .squeeze(0)?
-        .to_dtype(candle_core::DType::F32)?
-        .to_vec1::<f32>()
+/// A generation decoding on a slot of its own.
+struct Active {
+    job: Job,
+    slot: usize,
+    sampler: Sampler,
+    /// Tokens sent so far.
+    sent: usize,
+    /// The token sent last, which the next step feeds in.
+    last: u32,
 }
 
+/// What became of a sampled token.
+enum Next {
+    /// Sent; generation goes on from it.
+    Feed(u32),
+    /// Sent, and the generation is done (or its caller went away).
+    Over,
+}
+
+/// A job whose prompt could not be read, and why.
+type Refused = (Job, ModelError);
+
 impl Worker {
+    /// Generations run together, one slot each: every step feeds each of
+    /// them its last token in one batch (continuous batching), and a new
+    /// call starts, with its prompt read alone, as soon as a slot is free.
+    /// Calls beyond the slots wait in the queue, in arrival order.
     fn run(mut self, jobs: mpsc::Receiver<Job>) {
-        while let Ok(job) = jobs.recv() {
-            self.clock += 1;
-            // The slot holding the longest prefix of this prompt, else the
-            // least recently used one.
-            let i = (0..self.slots.len())
-                .filter(|&i| self.slots[i].best_reuse(&job.prompt) > 0)
-                .max_by_key(|&i| self.slots[i].best_reuse(&job.prompt))
-                .or_else(|| (0..self.slots.len()).min_by_key(|&i| self.slots[i].used))
-                .unwrap_or(0);
-            let slot = &mut self.slots[i];
-            slot.used = self.clock;
-            if slot.current.reuse(&job.prompt) == 0 {
-                match slot
-                    .after_prompt
-                    .as_ref()
-                    .filter(|s| s.reuse(&job.prompt) > 0)
-                {
-                    Some(snap) => slot.current = snap.clone(),
-                    None => slot.current.tokens.clear(),
+        let mut active: Vec<Active> = Vec::new();
+        loop {
+            while active.len() < self.slots.len() {
+                let job = if active.is_empty() {
+                    match jobs.recv() {
+                        Ok(j) => j,
+                        Err(_) => return,
+                    }
+                } else {
+                    match jobs.try_recv() {
+                        Ok(j) => j,
+                        Err(_) => break,
+                    }
+                };
+                let busy: Vec<usize> = active.iter().map(|a| a.slot).collect();
+                let fresh = job.prompt_logprobs.is_some();
+                let Some(i) = self.pick(&job.prompt, &busy, fresh) else {
+                    let _ = job.steps.send(Step::Failed("no KV cache is free".into()));
+                    continue;
+                };
+                match self.start(i, job) {
+                    Ok(Some(a)) => active.push(a),
+                    Ok(None) => {}
+                    Err(refused) => {
+                        let (job, e) = *refused;
+                        self.slots[i].clear(&self.engine.shape);
+                        let _ = job.steps.send(Step::Failed(e.to_string()));
+                    }
                 }
             }
-            if let Err(e) = Self::generate(slot, &job, &self.stop_ids, self.context) {
-                slot.current.tokens.clear();
-                slot.after_prompt = None;
-                let _ = job.steps.send(Step::Failed(e.to_string()));
+            if !active.is_empty() {
+                self.step(&mut active);
             }
         }
     }
 
-    fn generate(
-        slot: &mut Slot,
-        job: &Job,
-        stop_ids: &[u32],
-        context: usize,
-    ) -> candle_core::Result<()> {
-        let cached = slot.current.tokens.len();
-        if job.steps.send(Step::Started { cached }).is_err() {
-            return Ok(());
+    /// The free slot holding the longest prefix of `prompt`, else the
+    /// least recently used free one, made ready for it (emptied when
+    /// `fresh`).
+    fn pick(&mut self, prompt: &[u32], busy: &[usize], fresh: bool) -> Option<usize> {
+        self.clock += 1;
+        let free = || (0..self.slots.len()).filter(|i| !busy.contains(i));
+        let i = free()
+            .filter(|&i| !fresh && self.slots[i].reuse(prompt).0 > 0)
+            .max_by_key(|&i| self.slots[i].reuse(prompt).0)
+            .or_else(|| free().min_by_key(|&i| self.slots[i].used))?;
+        let slot = &mut self.slots[i];
+        slot.used = self.clock;
+        match slot.reuse(prompt) {
+            _ if fresh => slot.clear(&self.engine.shape),
+            (0, _) => slot.clear(&self.engine.shape),
+            (cp, true) => {
+                slot.cache.truncate(cp, &self.engine.shape);
+                slot.tokens.truncate(cp);
+            }
+            (_, false) => {}
         }
-        let state = &mut slot.current;
+        Some(i)
+    }
+
+    /// Read a job's prompt on slot `i` and send its first token; `None`
+    /// when it is already over.
+    fn start(&mut self, i: usize, job: Job) -> Result<Option<Active>, Box<Refused>> {
+        use engine::{Seq, Want};
+        let engine = &self.engine;
+        let slot = &mut self.slots[i];
+        let cached = slot.tokens.len();
+        if job.steps.send(Step::Started { cached }).is_err() {
+            return Ok(None);
+        }
+        let run = |slot: &mut Slot, tokens: &[u32], want: Want| {
+            engine
+                .forward(&mut [Seq {
+                    cache: &mut slot.cache,
+                    tokens,
+                    want,
+                }])
+                .map_err(|e| ModelError::Compute(e.to_string()))
+        };
+        if let Some(k) = job.prompt_logprobs {
+            return match self.score(i, &job, k) {
+                Ok(logits) => Ok(self.first(i, job, &logits)),
+                Err(e) => Err(Box::new((job, e))),
+            };
+        }
         let mut pos = cached;
         if let Some(cp) = job
             .checkpoint
             .filter(|&cp| cp > cached && cp < job.prompt.len())
         {
-            logits(&mut state.weights, &job.prompt[cached..cp], cached)?;
-            state.tokens.extend_from_slice(&job.prompt[cached..cp]);
-            slot.after_prompt = Some(state.clone());
+            if let Err(e) = run(slot, &job.prompt[cached..cp], Want::Nothing) {
+                return Err(Box::new((job, e)));
+            }
+            slot.tokens.extend_from_slice(&job.prompt[cached..cp]);
+            slot.checkpoint = Some(cp);
             pos = cp;
         } else if job.checkpoint.is_none() {
-            slot.after_prompt = None;
+            slot.checkpoint = None;
         }
-        let mut next = logits(&mut state.weights, &job.prompt[pos..], pos)?;
-        state.tokens.clone_from(&job.prompt);
+        let hidden = match run(slot, &job.prompt[pos..], Want::Last) {
+            Ok(h) => h,
+            Err(e) => return Err(Box::new((job, e))),
+        };
+        slot.tokens.clone_from(&job.prompt);
+        let logits = engine.logits(hidden.first().map_or(&[][..], Vec::as_slice));
+        Ok(self.first(i, job, &logits))
+    }
+
+    /// Read the whole prompt on slot `i` (emptied), send every token's
+    /// logprob with the `k` most likely alternatives, and return the
+    /// logits after the last one.
+    fn score(&mut self, i: usize, job: &Job, k: usize) -> Result<Vec<f32>, ModelError> {
+        use engine::{Seq, Want};
+        /// Rows whose logits are held at once (each is a vocabulary wide).
+        const ROWS: usize = 16;
+        let engine = &self.engine;
+        let slot = &mut self.slots[i];
+        let hidden = engine
+            .forward(&mut [Seq {
+                cache: &mut slot.cache,
+                tokens: &job.prompt,
+                want: Want::All,
+            }])
+            .map_err(|e| ModelError::Compute(e.to_string()))?;
+        slot.tokens.clone_from(&job.prompt);
+        slot.checkpoint = job.checkpoint.filter(|&cp| cp < job.prompt.len());
+        let hidden = hidden.into_iter().next().unwrap_or_default();
+        let (dim, vocab) = (engine.shape.dim, engine.shape.vocab);
+        let mut scored = Vec::with_capacity(job.prompt.len().saturating_sub(1));
+        let mut last = Vec::new();
+        for (c, rows) in hidden.chunks(ROWS * dim).enumerate() {
+            let logits = engine.logits(rows);
+            for (r, row) in logits.chunks_exact(vocab).enumerate() {
+                match job.prompt.get(c * ROWS + r + 1) {
+                    Some(&token) => {
+                        let lp = sample::log_softmax(row);
+                        let logprob = lp.get(token as usize).copied().unwrap_or(f32::NEG_INFINITY);
+                        scored.push(PromptLogprob {
+                            token,
+                            logprob,
+                            rank: 1 + lp.iter().filter(|&&l| l > logprob).count(),
+                            top: sample::top(&lp, k),
+                        });
+                    }
+                    None => last = row.to_vec(),
+                }
+            }
+        }
+        if scored.len() + 1 != job.prompt.len() || last.len() != vocab {
+            return Err(ModelError::Compute(
+                "the prompt was not scored whole".into(),
+            ));
+        }
+        let _ = job.steps.send(Step::Prompt(scored));
+        Ok(last)
+    }
+
+    /// Send the first token of a job whose prompt slot `i` has read;
+    /// `None` when the generation is already over.
+    fn first(&mut self, i: usize, job: Job, logits: &[f32]) -> Option<Active> {
+        if job.max_tokens == 0 {
+            let _ = job.steps.send(Step::Done(Finish::Length));
+            return None;
+        }
         let mut sampler = Sampler::new(job.sampling.clone());
-        for n in 0..job.max_tokens {
-            let lp = sample::log_softmax(&next);
-            let id = sampler.next(&lp);
-            let top = if job.top_logprobs > 0 {
-                sample::top(&lp, job.top_logprobs)
-            } else {
-                Vec::new()
-            };
-            let step = Step::Token {
-                id,
-                logprob: lp[id as usize],
-                top,
-            };
-            if job.steps.send(step).is_err() {
-                return Ok(()); // the caller went away
-            }
-            let finish = if stop_ids.contains(&id) {
-                Some(Finish::Stop)
-            } else if n + 1 == job.max_tokens || state.tokens.len() + 1 >= context {
-                Some(Finish::Length)
-            } else {
-                None
-            };
-            if let Some(f) = finish {
-                let _ = job.steps.send(Step::Done(f));
-                return Ok(());
-            }
-            next = logits(&mut state.weights, &[id], state.tokens.len())?;
-            state.tokens.push(id);
+        let tokens = self.slots[i].tokens.len();
+        match self.emit(&job, &mut sampler, logits, 0, tokens) {
+            Next::Feed(last) => Some(Active {
+                job,
+                slot: i,
+                sampler,
+                sent: 1,
+                last,
+            }),
+            Next::Over => None,
         }
-        let _ = job.steps.send(Step::Done(Finish::Length));
-        Ok(())
+    }
+
+    /// Sample the `n`th token from `logits` and send it, with `Done` when
+    /// it ends the generation (`tokens`: what the cache holds).
+    fn emit(
+        &self,
+        job: &Job,
+        sampler: &mut Sampler,
+        logits: &[f32],
+        n: usize,
+        tokens: usize,
+    ) -> Next {
+        if logits.len() != self.engine.shape.vocab {
+            let _ = job
+                .steps
+                .send(Step::Failed("the model returned no logits".into()));
+            return Next::Over;
+        }
+        let lp = sample::log_softmax(logits);
+        let id = sampler.next(&lp);
+        let top = if job.top_logprobs > 0 {
+            sample::top(&lp, job.top_logprobs)
+        } else {
+            Vec::new()
+        };
+        let step = Step::Token {
+            id,
+            logprob: lp.get(id as usize).copied().unwrap_or(f32::NEG_INFINITY),
+            top,
+        };
+        if job.steps.send(step).is_err() {
+            return Next::Over; // the caller went away
+        }
+        let finish = if self.stop_ids.contains(&id) {
+            Some(Finish::Stop)
+        } else if n + 1 >= job.max_tokens || tokens + 1 >= self.engine.shape.context {
+            Some(Finish::Length)
+        } else {
+            None
+        };
+        match finish {
+            Some(f) => {
+                let _ = job.steps.send(Step::Done(f));
+                Next::Over
+            }
+            None => Next::Feed(id),
+        }
+    }
+
+    /// One decoding step for every active generation, in one batch.
+    fn step(&mut self, active: &mut Vec<Active>) {
+        use engine::{Seq, Want};
+        let mut free: Vec<Option<&mut Slot>> = self.slots.iter_mut().map(Some).collect();
+        let mut batch = Vec::with_capacity(active.len());
+        for a in active.iter() {
+            if let Some(slot) = free.get_mut(a.slot).and_then(Option::take) {
+                batch.push(Seq {
+                    cache: &mut slot.cache,
+                    tokens: std::slice::from_ref(&a.last),
+                    want: Want::Last,
+                });
+            }
+        }
+        let fed = batch.len() == active.len();
+        let result = self.engine.forward(&mut batch);
+        drop(batch);
+        let hidden = match result {
+            Ok(h) if fed => h,
+            other => {
+                let why = match other {
+                    Err(e) => e.to_string(),
+                    Ok(_) => "two generations shared a KV cache".into(),
+                };
+                for a in active.drain(..) {
+                    self.slots[a.slot].clear(&self.engine.shape);
+                    let _ = a.job.steps.send(Step::Failed(why.clone()));
+                }
+                return;
+            }
+        };
+        let logits = self.engine.logits(&hidden.concat());
+        let vocab = self.engine.shape.vocab;
+        let mut keep = Vec::with_capacity(active.len());
+        for (k, mut a) in active.drain(..).enumerate() {
+            self.slots[a.slot].tokens.push(a.last);
+            let tokens = self.slots[a.slot].tokens.len();
+            let l = logits.get(k * vocab..(k + 1) * vocab).unwrap_or(&[]);
+            if let Next::Feed(id) = self.emit(&a.job, &mut a.sampler, l, a.sent, tokens) {
+                a.last = id;
+                a.sent += 1;
+                keep.push(a);
+            }
+        }
+        *active = keep;
     }
 }
 

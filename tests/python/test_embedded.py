@@ -159,6 +159,44 @@ def test_logprobs_match_a_forward_pass(served, hf):
         assert bytes(e["bytes"]).decode("utf-8", "replace") == e["token"]
 
 
+def test_prompt_logprobs_match_a_forward_pass(served, hf):
+    """vLLM's `prompt_logprobs`: per prompt token after the first, its
+    logprob given the tokens before it (with its rank and the k most likely
+    tokens), as transformers computes them; `null` for the first token.
+    Computed whole, even when a KV cache holds the prompt."""
+    tok, model = hf
+    messages = CONVERSATIONS[2]
+    chat(served, {"messages": messages, "temperature": 0, "max_tokens": 4})  # fills a KV cache
+    r = chat(served, {"messages": messages, "temperature": 0, "max_tokens": 1, "prompt_logprobs": 3,
+                      "return_token_ids": True})
+    prompt = r["prompt_token_ids"]
+    scored = r["prompt_logprobs"]
+    assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert len(scored) == len(prompt) and scored[0] is None
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0]
+    lp = torch.log_softmax(logits.double(), dim=-1)
+    for i in range(1, len(prompt)):
+        entry, ref = scored[i], lp[i - 1]
+        mine = entry[str(prompt[i])]
+        assert abs(mine["logprob"] - ref[prompt[i]].item()) < 2e-3, (i, mine, ref[prompt[i]].item())
+        assert mine["rank"] == 1 + int((ref > ref[prompt[i]] + 1e-6).sum()), (i, mine)
+        assert mine["decoded_token"] == tok.decode([prompt[i]])
+        top = torch.topk(ref, 3)
+        for tid, want in zip(top.indices.tolist(), top.values.tolist()):
+            assert abs(entry[str(tid)]["logprob"] - want) < 2e-3
+        assert len(entry) in (3, 4)
+    # the answer itself is what it is without scoring
+    plain = chat(served, {"messages": messages, "temperature": 0, "max_tokens": 1, "return_token_ids": True})
+    assert plain["choices"][0]["token_ids"] == r["choices"][0]["token_ids"]
+    assert "prompt_logprobs" not in plain
+    for bad, needle in [({"prompt_logprobs": 21}, "greater than max allowed"),
+                        ({"prompt_logprobs": "x"}, "prompt_logprobs"),
+                        ({"prompt_logprobs": 1, "stream": True}, "not available when `stream=True`")]:
+        resp = h.post_json(served, "/v1/chat/completions", {"model": "smol", "messages": messages, **bad})
+        assert resp.status == 400 and needle in resp.json()["error"]["message"], resp.body
+
+
 def stream_chat(url: str, body: dict) -> tuple[list[int], str, list[float], list[dict]]:
     r = h.post_json(url, "/v1/chat/completions", {"model": "smol", "stream": True, **body}, timeout=300)
     assert r.status == 200
@@ -280,14 +318,39 @@ def test_kv_cache_reuse_gives_the_same_tokens(served, hf):
         assert r["choices"][0]["token_ids"] == out[0, len(prompt):].tolist()
 
 
-def test_a_full_queue_is_refused_at_once(tmp_path, gguf):
-    """The embedded model's job queue was unbounded: calls queued behind
-    each other without limit. With `queue = 1`, one generation runs, one
-    waits, and the rest are answered 503 with Retry-After at once, recorded
-    as upstream server errors."""
+def test_concurrent_calls_decode_together_and_answer_as_alone(served, hf):
+    """Calls that arrive together decode in one batch (one KV cache each,
+    `kv_slots` of them), and each gets, to the token, what it gets alone
+    and what transformers generates."""
     import concurrent.futures
 
-    toml = EMBEDDED_TOML.format(model=gguf).replace("default_max_tokens = 24", "default_max_tokens = 48\nqueue = 1")
+    tok, model = hf
+    convs = CONVERSATIONS + [[{"role": "user", "content": "Name a fruit that is yellow."}]]
+    body = lambda m: {"messages": m, "temperature": 0, "max_tokens": 24, "return_token_ids": True}
+    alone = [chat(served, body(m))["choices"][0]["token_ids"] for m in convs[:4]]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda m: chat(served, body(m))["choices"][0]["token_ids"], convs[:4] * 2))
+    assert together == alone * 2
+    prompt = hf_prompt_ids(tok, convs[4])
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
+                             eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda m: chat(served, body(m))["choices"][0]["token_ids"], convs[1:5]))
+    assert got[:3] == alone[1:4]
+    assert got[3] == out[0, len(prompt):].tolist()
+
+
+def test_a_full_queue_is_refused_at_once(tmp_path, gguf):
+    """The embedded model's job queue was unbounded: calls queued behind
+    each other without limit. With one KV cache (`kv_slots = 1`, so one
+    generation at a time) and `queue = 1`, one generation runs, one waits,
+    and the rest are answered 503 with Retry-After at once, recorded as
+    upstream server errors."""
+    import concurrent.futures
+
+    toml = EMBEDDED_TOML.format(model=gguf).replace("default_max_tokens = 24",
+                                                 "default_max_tokens = 48\nqueue = 1\nkv_slots = 1")
     p = h.start_proxy(tmp_path, "unused", toml=toml)
     body = {"model": "smol", "messages": [{"role": "user", "content": "Count from one to fifty in words."}],
             "max_tokens": 48}

@@ -12,6 +12,10 @@ pub(super) struct Answer {
     pub(super) ids: Vec<u32>,
     pub(super) logprobs: Vec<Value>,
     pub(super) text: String,
+    /// vLLM's `prompt_logprobs`: `null` for the first token, then per
+    /// token `{id: {logprob, rank, decoded_token}}`, the token itself and
+    /// the most likely ones.
+    pub(super) prompt_logprobs: Option<Vec<Value>>,
     cached: usize,
     pub(super) finish: Option<&'static str>,
     /// The stop string that ended it.
@@ -24,6 +28,7 @@ impl Answer {
             ids: Vec::new(),
             logprobs: Vec::new(),
             text: String::new(),
+            prompt_logprobs: None,
             cached: 0,
             finish: None,
             stop_reason: None,
@@ -34,6 +39,22 @@ impl Answer {
     pub(super) fn step(&mut self, model: &Model, p: &Params, step: Step) -> Result<(), String> {
         match step {
             Step::Started { cached } => self.cached = cached,
+            Step::Prompt(scored) => {
+                let piece = |id: u32| model.vocab.decode(&[id], false).unwrap_or_default();
+                let mut out = vec![Value::Null];
+                for s in scored {
+                    let mut e = serde_json::Map::new();
+                    for (rank, &(id, lp)) in s.top.iter().enumerate() {
+                        e.insert(
+                            id.to_string(),
+                            json!({"logprob": lp, "rank": rank + 1, "decoded_token": piece(id)}),
+                        );
+                    }
+                    e.insert(s.token.to_string(), json!({"logprob": s.logprob, "rank": s.rank, "decoded_token": piece(s.token)}));
+                    out.push(Value::Object(e));
+                }
+                self.prompt_logprobs = Some(out);
+            }
             Step::Token { id, logprob, top } => {
                 self.ids.push(id);
                 if p.logprobs {

@@ -236,6 +236,7 @@ async fn chat(
             p.max_tokens,
             p.sampling.clone(),
             top,
+            p.prompt_logprobs,
         )
         .map_err(|e| Reject(503, e.to_string()))?;
     let id = format!("chatcmpl-{}", uuid::Uuid::new_v4().simple());
@@ -299,8 +300,11 @@ async fn chat(
     } else {
         Value::Null
     };
-    let v = json!({"id": id, "object": "chat.completion", "created": now(), "model": name,
+    let mut v = json!({"id": id, "object": "chat.completion", "created": now(), "model": name,
         "choices": [choice], "usage": a.usage(&prompt),
         "prompt_token_ids": if p.token_ids { json!(prompt) } else { Value::Null }});
+    if let Some(scored) = a.prompt_logprobs.take() {
+        v["prompt_logprobs"] = Value::Array(scored);
+    }
     Ok(json_response(&v))
 }

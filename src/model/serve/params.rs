@@ -1,7 +1,7 @@
 //! The generation parameters of a chat request (`n`, `temperature`,
 //! `top_p`, `top_k`, `seed`, `max_tokens` / `max_completion_tokens` against
 //! the context left, `stop`, `logprobs`, `top_logprobs`, `stream`,
-//! `return_token_ids`), checked: a bad one is a 400 as vLLM answers it.
+//! `return_token_ids`, vLLM's `prompt_logprobs`), checked: a bad one is a 400 as vLLM answers it.
 
 use super::{reject, Reject};
 use crate::model::sample::Sampling;
@@ -20,6 +20,9 @@ pub(super) struct Params {
     pub(super) stop: Vec<String>,
     pub(super) logprobs: bool,
     pub(super) top_logprobs: usize,
+    /// vLLM's `prompt_logprobs`: score the prompt, with this many
+    /// alternatives per token.
+    pub(super) prompt_logprobs: Option<usize>,
     pub(super) token_ids: bool,
 }
 
@@ -92,7 +95,29 @@ pub(super) fn params(
             format!("`top_logprobs` must be at most {MAX_TOP_LOGPROBS}"),
         );
     }
+    // vLLM takes an integer (pydantic also reads `true` as 1).
+    let prompt_logprobs = match body.get("prompt_logprobs") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => None,
+        Some(Value::Bool(true)) => Some(1),
+        Some(v) => match v.as_u64() {
+            Some(k) if k as usize <= MAX_TOP_LOGPROBS => Some(k as usize),
+            Some(k) => {
+                return reject(
+                    400,
+                    format!("Requested prompt logprobs of {k}, which is greater than max allowed: {MAX_TOP_LOGPROBS}"),
+                )
+            }
+            None => return reject(400, "`prompt_logprobs` must be a non-negative integer"),
+        },
+    };
+    if prompt_logprobs.is_some() && flag("stream") {
+        return reject(
+            400,
+            "`prompt_logprobs` are not available when `stream=True`.",
+        );
+    }
     Ok(Params {
+        prompt_logprobs,
         stream: flag("stream"),
         include_usage: body
             .get("stream_options")
