@@ -140,12 +140,14 @@ bench-tools:
 # Criterion benches, then the hot path side by side under wrk (direct,
 # nginx, a bare hyper forwarder, rollcall recording, LiteLLM), then the
 # dataset export over 1,000,000 generated call rows (rows/s, peak RSS),
-# then the embedded model's prefill and decode tokens/s.
-bench: bench-tools $(LITELLM_VENV)/.installed model harnesses
+# then the embedded model's prefill and decode tokens/s, alone and beside
+# llama.cpp's server on the same file.
+bench: bench-tools $(LITELLM_VENV)/.installed $(VENV)/.llamacpp-installed model harnesses
 	cargo bench --bench record
 	cargo bench --bench compare
 	cargo bench --bench export
 	cargo bench --bench model
+	$(VENV)/bin/python benches/engine_vs_llamacpp.py --bin $(BIN)
 	$(MAKE) --no-print-directory task-image
 	$(VENV)/bin/python benches/batch.py --bin $(BIN)
 	$(VENV)/bin/python benches/serving.py --bin $(BIN)

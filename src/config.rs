@@ -329,6 +329,9 @@ impl Config {
                         r.name
                     ));
                 }
+                if let Err(ConfigError::Invalid(m)) = r.embedded.validate() {
+                    return invalid(format!("route {:?}: {m}", r.name));
+                }
             } else {
                 let urls = r.replica_urls();
                 if urls.is_empty() {

@@ -32,6 +32,12 @@ pub enum ModelCommand {
         /// `max_tokens` for calls that give none.
         #[arg(long, default_value_t = 1024)]
         default_max_tokens: usize,
+        /// Threads the model computes on (0: one per core).
+        #[arg(long, default_value_t = 0)]
+        threads: usize,
+        /// KV caches: conversations kept, and generations decoding together.
+        #[arg(long, default_value_t = 4)]
+        kv_slots: usize,
     },
 }
 
@@ -52,12 +58,17 @@ pub async fn run(cmd: ModelCommand) -> Result<i32, Box<dyn std::error::Error>> {
             listen,
             model_file,
             default_max_tokens,
+            threads,
+            kv_slots,
         } => {
             let options = EmbeddedConfig {
                 model_file,
                 default_max_tokens,
+                threads,
+                kv_slots,
                 ..EmbeddedConfig::default()
             };
+            options.validate()?;
             let path = crate::model::model_path(&options)?;
             let model = tokio::task::spawn_blocking(move || Model::load(&path, options)).await??;
             let (addr, serve) = serve::bind(model.clone(), listen).await?;

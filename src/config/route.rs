@@ -98,6 +98,31 @@ pub struct EmbeddedConfig {
     pub threads: usize,
 }
 
+/// Most `threads` an embedded model computes on.
+pub const MAX_MODEL_THREADS: usize = 1024;
+/// Most KV caches (and generations decoding together) an embedded model
+/// keeps.
+pub const MAX_KV_SLOTS: usize = 256;
+
+impl EmbeddedConfig {
+    /// `threads` and `kv_slots` within their bounds.
+    pub fn validate(&self) -> Result<(), super::ConfigError> {
+        if self.threads > MAX_MODEL_THREADS {
+            return Err(super::ConfigError::Invalid(format!(
+                "embedded.threads is {}; at most {MAX_MODEL_THREADS} (0: one per core)",
+                self.threads
+            )));
+        }
+        if !(1..=MAX_KV_SLOTS).contains(&self.kv_slots) {
+            return Err(super::ConfigError::Invalid(format!(
+                "embedded.kv_slots is {}; between 1 and {MAX_KV_SLOTS}",
+                self.kv_slots
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl Default for EmbeddedConfig {
     fn default() -> Self {
         Self {

@@ -66,6 +66,16 @@ fn embedded_routes_take_a_model_not_a_url() {
         c.routes[0].embedded.threads, 0,
         "one thread per core by default"
     );
+    for (key, bad) in [("threads", "1025"), ("kv_slots", "0"), ("kv_slots", "257")] {
+        let e = Config::parse(&format!(
+            "[[routes]]\nname = \"m\"\nkind = \"embedded\"\n[routes.embedded]\n{key} = {bad}\n"
+        ))
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains(&format!("embedded.{key}")), "{e}");
+    }
     let mut c = c;
     c.set_upstream("http://127.0.0.1:9/v1");
     let err = c.validate().unwrap_err().to_string();

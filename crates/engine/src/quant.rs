@@ -108,10 +108,16 @@ pub enum Simd {
     Avx512,
 }
 
+/// The widest vector level this CPU has, capped by `ROLLCALL_ENGINE_SIMD`
+/// (`avx2` or `none`; for comparisons with builds that stop there).
 fn simd_available() -> Simd {
+    let cap = std::env::var("ROLLCALL_ENGINE_SIMD").unwrap_or_default();
+    if cap.eq_ignore_ascii_case("none") {
+        return Simd::None;
+    }
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx512f") {
+        if std::is_x86_feature_detected!("avx512f") && !cap.eq_ignore_ascii_case("avx2") {
             return Simd::Avx512;
         }
         if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
