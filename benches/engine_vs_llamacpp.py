@@ -56,14 +56,14 @@ def wait_ready(url: str, proc: subprocess.Popen, what: str, timeout: float = 120
     sys.exit(f"{what} did not answer within {timeout:.0f} s")
 
 
-def post(url: str, body: dict, stream: bool = False):
+def post(url: str, body: dict):
     req = urllib.request.Request(url + "/v1/chat/completions", json.dumps(body).encode(),
                                  {"content-type": "application/json"})
     return urllib.request.urlopen(req, timeout=900)
 
 
 def text_of(n: int, salt: str) -> str:
-    # about one token per word piece; trimmed by the server's count below
+    # about n tokens (each item is about 6); the servers' usage gives the count
     return f"{salt}: " + " ".join(f"item {i * 7 % 1000} of list;" for i in range(n // 6 + 1))
 
 
@@ -149,18 +149,15 @@ def main() -> None:
             decode(url, 16, "warm-up", 8)
         rows = []
         salt = str(time.time())
-        for n in (128, 512, 2048):
-            r = {}
-            for name, (url, _) in servers.items():
-                toks, secs = prefill(url, n, f"{salt}-p{n}-{name}")
-                r[name] = toks / secs
-            rows.append((f"prefill, ~{n}-token prompt (tokens/s)", r))
-        for n in (16, 512, 2048):
-            r = {}
-            for name, (url, _) in servers.items():
-                toks, secs = decode(url, n, f"{salt}-d{n}-{name}")
-                r[name] = toks / secs
-            rows.append((f"decode after ~{n} tokens (tokens/s)", r))
+        phases = [("prefill, ~{}-token prompt (tokens/s)", prefill, (128, 512, 2048)),
+                  ("decode after ~{} tokens (tokens/s)", decode, (16, 512, 2048))]
+        for label, measure, sizes in phases:
+            for n in sizes:
+                r = {}
+                for name, (url, _) in servers.items():
+                    toks, secs = measure(url, n, f"{salt}-{measure.__name__}{n}-{name}")
+                    r[name] = toks / secs
+                rows.append((label.format(n), r))
         for k in (1, 4, 8):
             r = {name: aggregate(url, k, f"{salt}-a{k}-{name}") for name, (url, _) in servers.items()}
             rows.append((f"{k} streams at once, in all (tokens/s)", r))

@@ -72,7 +72,16 @@ pub fn shape(content: &gguf_file::Content, max_context: usize) -> Result<Shape, 
     })
 }
 
-/// A tensor as a matrix of `rows × cols`, checked.
+/// A tensor's values, dequantized to f32 (exact), row after row.
+fn values(t: &QTensor, name: &str) -> Result<Vec<f32>, ModelError> {
+    t.dequantize(&Device::Cpu)
+        .and_then(|v| v.flatten_all())
+        .and_then(|v| v.to_vec1::<f32>())
+        .map_err(|e| ModelError::Metadata(format!("tensor {name}: {e}")))
+}
+
+/// A 2-D tensor as a matrix: in its blocks when it has a format the
+/// engine multiplies, else (or when `dequantize`) as f32.
 pub fn matrix(t: &QTensor, name: &str, dequantize: bool) -> Result<Matrix, ModelError> {
     let bad = |m: String| ModelError::Metadata(format!("tensor {name}: {m}"));
     let (rows, cols) = t.shape().dims2().map_err(|e| bad(e.to_string()))?;
@@ -87,35 +96,13 @@ pub fn matrix(t: &QTensor, name: &str, dequantize: bool) -> Result<Matrix, Model
             let data = t.data().map_err(|e| bad(e.to_string()))?;
             Matrix::quantized(f, rows, cols, &data)
         }
-        _ => {
-            let values = t
-                .dequantize(&Device::Cpu)
-                .and_then(|v| v.flatten_all())
-                .and_then(|v| v.to_vec1::<f32>())
-                .map_err(|e| bad(e.to_string()))?;
-            Matrix::dense(rows, cols, values)
-        }
+        _ => Matrix::dense(rows, cols, values(t, name)?),
     };
     m.map_err(|e| bad(e.to_string()))
 }
 
-fn vector(t: &QTensor, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
-    let v = t
-        .dequantize(&Device::Cpu)
-        .and_then(|v| v.flatten_all())
-        .and_then(|v| v.to_vec1::<f32>())
-        .map_err(|e| ModelError::Metadata(format!("tensor {name}: {e}")))?;
-    if v.len() != len {
-        return Err(ModelError::Metadata(format!(
-            "tensor {name} holds {} values, not {len}",
-            v.len()
-        )));
-    }
-    Ok(v)
-}
-
 /// Read the model's tensors from `file` into an engine of `threads`
-/// threads (0: one per core).
+/// threads (0: one per core). [`Engine::new`] checks every shape.
 pub fn engine<R: std::io::Read + std::io::Seek>(
     content: &gguf_file::Content,
     file: &mut R,
@@ -128,47 +115,35 @@ pub fn engine<R: std::io::Read + std::io::Seek>(
             .tensor(file, name, &Device::Cpu)
             .map_err(|e| ModelError::Metadata(format!("tensor {name}: {e}")))
     };
-    let mut mat = |name: &str, rows: usize, cols: usize| -> Result<Matrix, ModelError> {
-        let m = matrix(&read(name)?, name, dequantize)?;
-        if (m.rows(), m.cols()) != (rows, cols) {
-            return Err(ModelError::Metadata(format!(
-                "tensor {name} is {}x{}, not {rows}x{cols}",
-                m.rows(),
-                m.cols()
-            )));
-        }
-        Ok(m)
-    };
-    let s = &shape;
-    let kvw = s.kv_heads * s.head_dim;
-    let embed = mat("token_embd.weight", s.vocab, s.dim)?;
+    let mut mat = |name: &str| matrix(&read(name)?, name, dequantize);
+    let embed = mat("token_embd.weight")?;
     let output = if content.tensor_infos.contains_key("output.weight") {
-        Some(mat("output.weight", s.vocab, s.dim)?)
+        Some(mat("output.weight")?)
     } else {
         None
     };
-    let mut layers = Vec::with_capacity(s.layers);
-    for i in 0..s.layers {
-        let p = format!("blk.{i}");
+    let mut layers = Vec::with_capacity(shape.layers);
+    for i in 0..shape.layers {
+        let mut m = |part: &str| mat(&format!("blk.{i}.{part}.weight"));
         layers.push(Layer {
-            q: mat(&format!("{p}.attn_q.weight"), s.dim, s.dim)?,
-            k: mat(&format!("{p}.attn_k.weight"), kvw, s.dim)?,
-            v: mat(&format!("{p}.attn_v.weight"), kvw, s.dim)?,
-            o: mat(&format!("{p}.attn_output.weight"), s.dim, s.dim)?,
-            gate: mat(&format!("{p}.ffn_gate.weight"), s.ffn, s.dim)?,
-            up: mat(&format!("{p}.ffn_up.weight"), s.ffn, s.dim)?,
-            down: mat(&format!("{p}.ffn_down.weight"), s.dim, s.ffn)?,
+            q: m("attn_q")?,
+            k: m("attn_k")?,
+            v: m("attn_v")?,
+            o: m("attn_output")?,
+            gate: m("ffn_gate")?,
+            up: m("ffn_up")?,
+            down: m("ffn_down")?,
             attn_norm: Vec::new(),
             ffn_norm: Vec::new(),
         });
     }
+    // The norms are vectors, read once the matrices' reader is done.
+    let mut vector = |name: &str| values(&read(name)?, name);
     for (i, layer) in layers.iter_mut().enumerate() {
-        let an = format!("blk.{i}.attn_norm.weight");
-        layer.attn_norm = vector(&read(&an)?, &an, s.dim)?;
-        let fname = format!("blk.{i}.ffn_norm.weight");
-        layer.ffn_norm = vector(&read(&fname)?, &fname, s.dim)?;
+        layer.attn_norm = vector(&format!("blk.{i}.attn_norm.weight"))?;
+        layer.ffn_norm = vector(&format!("blk.{i}.ffn_norm.weight"))?;
     }
-    let norm = vector(&read("output_norm.weight")?, "output_norm.weight", s.dim)?;
+    let norm = vector("output_norm.weight")?;
     Engine::new(shape, embed, layers, norm, output, threads)
         .map_err(|e| ModelError::Metadata(e.to_string()))
 }

@@ -295,6 +295,25 @@ impl Slot {
         self.tokens.clear();
         self.checkpoint = None;
     }
+
+    /// Run `tokens` through the model into this slot's cache (the caller
+    /// books them in `tokens`); the hidden states `want` names.
+    fn read(
+        &mut self,
+        engine: &engine::Engine,
+        tokens: &[u32],
+        want: engine::Want,
+    ) -> Result<Vec<f32>, ModelError> {
+        let mut batch = [engine::Seq {
+            cache: &mut self.cache,
+            tokens,
+            want,
+        }];
+        let hidden = engine
+            .forward(&mut batch)
+            .map_err(|e| ModelError::Compute(e.to_string()))?;
+        Ok(hidden.into_iter().next().unwrap_or_default())
+    }
 }
 
 struct Worker {
@@ -374,91 +393,81 @@ impl Worker {
     fn pick(&mut self, prompt: &[u32], busy: &[usize], fresh: bool) -> Option<usize> {
         self.clock += 1;
         let free = || (0..self.slots.len()).filter(|i| !busy.contains(i));
-        let i = free()
-            .filter(|&i| !fresh && self.slots[i].reuse(prompt).0 > 0)
-            .max_by_key(|&i| self.slots[i].reuse(prompt).0)
-            .or_else(|| free().min_by_key(|&i| self.slots[i].used))?;
-        let slot = &mut self.slots[i];
-        slot.used = self.clock;
-        match slot.reuse(prompt) {
-            _ if fresh => slot.clear(&self.engine.shape),
-            (0, _) => slot.clear(&self.engine.shape),
-            (cp, true) => {
-                slot.cache.truncate(cp, &self.engine.shape);
+        let reused = free()
+            .filter(|_| !fresh)
+            .map(|i| (i, self.slots[i].reuse(prompt)))
+            .filter(|(_, (n, _))| *n > 0)
+            .max_by_key(|(_, (n, _))| *n);
+        let shape = &self.engine.shape;
+        let i = match reused {
+            Some((i, (cp, true))) => {
+                let slot = &mut self.slots[i];
+                slot.cache.truncate(cp, shape);
                 slot.tokens.truncate(cp);
+                i
             }
-            (_, false) => {}
-        }
+            Some((i, (_, false))) => i,
+            None => {
+                let i = free().min_by_key(|&i| self.slots[i].used)?;
+                self.slots[i].clear(shape);
+                i
+            }
+        };
+        self.slots[i].used = self.clock;
         Some(i)
     }
 
     /// Read a job's prompt on slot `i` and send its first token; `None`
     /// when it is already over.
     fn start(&mut self, i: usize, job: Job) -> Result<Option<Active>, Box<Refused>> {
-        use engine::{Seq, Want};
-        let engine = &self.engine;
-        let slot = &mut self.slots[i];
-        let cached = slot.tokens.len();
+        let cached = self.slots[i].tokens.len();
         if job.steps.send(Step::Started { cached }).is_err() {
             return Ok(None);
         }
-        let run = |slot: &mut Slot, tokens: &[u32], want: Want| {
-            engine
-                .forward(&mut [Seq {
-                    cache: &mut slot.cache,
-                    tokens,
-                    want,
-                }])
-                .map_err(|e| ModelError::Compute(e.to_string()))
+        let logits = match job.prompt_logprobs {
+            Some(k) => self.score(i, &job, k),
+            None => self.prefill(i, &job, cached),
         };
-        if let Some(k) = job.prompt_logprobs {
-            return match self.score(i, &job, k) {
-                Ok(logits) => Ok(self.first(i, job, &logits)),
-                Err(e) => Err(Box::new((job, e))),
-            };
+        match logits {
+            Ok(logits) => Ok(self.first(i, job, &logits)),
+            Err(e) => Err(Box::new((job, e))),
         }
+    }
+
+    /// Read what slot `i` does not hold of the job's prompt (snapshotting
+    /// the checkpoint on the way), and return the logits after it.
+    fn prefill(&mut self, i: usize, job: &Job, cached: usize) -> Result<Vec<f32>, ModelError> {
+        use engine::Want;
+        let engine = &self.engine;
+        let slot = &mut self.slots[i];
         let mut pos = cached;
         if let Some(cp) = job
             .checkpoint
             .filter(|&cp| cp > cached && cp < job.prompt.len())
         {
-            if let Err(e) = run(slot, &job.prompt[cached..cp], Want::Nothing) {
-                return Err(Box::new((job, e)));
-            }
+            slot.read(engine, &job.prompt[cached..cp], Want::Nothing)?;
             slot.tokens.extend_from_slice(&job.prompt[cached..cp]);
             slot.checkpoint = Some(cp);
             pos = cp;
         } else if job.checkpoint.is_none() {
             slot.checkpoint = None;
         }
-        let hidden = match run(slot, &job.prompt[pos..], Want::Last) {
-            Ok(h) => h,
-            Err(e) => return Err(Box::new((job, e))),
-        };
+        let hidden = slot.read(engine, &job.prompt[pos..], Want::Last)?;
         slot.tokens.clone_from(&job.prompt);
-        let logits = engine.logits(hidden.first().map_or(&[][..], Vec::as_slice));
-        Ok(self.first(i, job, &logits))
+        Ok(engine.logits(&hidden))
     }
 
     /// Read the whole prompt on slot `i` (emptied), send every token's
     /// logprob with the `k` most likely alternatives, and return the
     /// logits after the last one.
     fn score(&mut self, i: usize, job: &Job, k: usize) -> Result<Vec<f32>, ModelError> {
-        use engine::{Seq, Want};
         /// Rows whose logits are held at once (each is a vocabulary wide).
         const ROWS: usize = 16;
         let engine = &self.engine;
         let slot = &mut self.slots[i];
-        let hidden = engine
-            .forward(&mut [Seq {
-                cache: &mut slot.cache,
-                tokens: &job.prompt,
-                want: Want::All,
-            }])
-            .map_err(|e| ModelError::Compute(e.to_string()))?;
+        let hidden = slot.read(engine, &job.prompt, engine::Want::All)?;
         slot.tokens.clone_from(&job.prompt);
         slot.checkpoint = job.checkpoint.filter(|&cp| cp < job.prompt.len());
-        let hidden = hidden.into_iter().next().unwrap_or_default();
         let (dim, vocab) = (engine.shape.dim, engine.shape.vocab);
         let mut scored = Vec::with_capacity(job.prompt.len().saturating_sub(1));
         let mut last = Vec::new();

@@ -169,19 +169,15 @@ impl Engine {
     ) -> Result<Engine, BuildError> {
         let s = &shape;
         let kvw = s.kv_heads * s.head_dim;
-        let bad = |what: &str, m: &Matrix, rows: usize, cols: usize| {
-            BuildError::Shape(format!(
+        let check = |what: &str, m: &Matrix, rows: usize, cols: usize| {
+            if (m.rows(), m.cols()) == (rows, cols) {
+                return Ok(());
+            }
+            Err(BuildError::Shape(format!(
                 "{what} is {}x{}, not {rows}x{cols}",
                 m.rows(),
                 m.cols()
-            ))
-        };
-        let check = |what: &str, m: &Matrix, rows: usize, cols: usize| {
-            if (m.rows(), m.cols()) == (rows, cols) {
-                Ok(())
-            } else {
-                Err(bad(what, m, rows, cols))
-            }
+            )))
         };
         if s.heads == 0
             || s.kv_heads == 0
@@ -251,21 +247,6 @@ impl Engine {
     /// Threads in the engine's pool.
     pub fn threads(&self) -> usize {
         self.pool.current_num_threads()
-    }
-
-    /// Bytes the weights take.
-    pub fn weight_bytes(&self) -> usize {
-        let l: usize = self
-            .layers
-            .iter()
-            .map(|l| {
-                [&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down]
-                    .iter()
-                    .map(|m| m.bytes())
-                    .sum::<usize>()
-            })
-            .sum();
-        l + self.embed.bytes() + self.output.as_ref().map_or(0, Matrix::bytes)
     }
 
     /// `y = W·x` for every row of `xs` (`n × W.cols`), into `n × W.rows`,
@@ -477,7 +458,7 @@ impl Engine {
             let m = seq.tokens.len();
             let pick = match seq.want {
                 Want::Nothing => start..start,
-                Want::Last => (start + m).saturating_sub(1).max(start)..start + m,
+                Want::Last => start + m.saturating_sub(1)..start + m,
                 Want::All => start..start + m,
             };
             let mut hs = vec![0.0f32; pick.len() * dim];

@@ -169,7 +169,7 @@ impl Matrix {
             rows,
             cols,
             data: Data::Quant { format, d, m, q },
-            simd: simd_available(),
+            simd: simd(),
         })
     }
 
@@ -187,7 +187,7 @@ impl Matrix {
             rows,
             cols,
             data: Data::F32(values),
-            simd: simd_available(),
+            simd: simd(),
         })
     }
 
@@ -197,14 +197,6 @@ impl Matrix {
 
     pub fn cols(&self) -> usize {
         self.cols
-    }
-
-    /// Bytes the weights take in memory.
-    pub fn bytes(&self) -> usize {
-        match &self.data {
-            Data::Quant { d, m, q, .. } => (d.len() + m.len()) * 4 + q.len(),
-            Data::F32(v) => v.len() * 4,
-        }
     }
 
     /// Row `r` dequantized into `out` (`cols` values).
