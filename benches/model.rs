@@ -64,8 +64,9 @@ fn prompt(model: &Model, n: usize, salt: usize) -> Vec<u32> {
         .collect();
     let msgs =
         [serde_json::json!({"role": "user", "content": format!("{salt}: summarize this: {text}")})];
-    let rendered = model.template.render(&msgs, &[]).expect("template");
-    let mut ids = model.vocab.encode(&rendered, false).expect("tokenize");
+    let text = model.text();
+    let rendered = text.template.render(&msgs, &[]).expect("template");
+    let mut ids = text.vocab.encode(&rendered, false).expect("tokenize");
     ids.truncate(n);
     ids
 }

@@ -77,7 +77,7 @@ pub async fn run(cmd: ModelCommand) -> Result<i32, Box<dyn std::error::Error>> {
             eprintln!(
                 "serving {} ({}) at http://{addr}/v1",
                 model.name,
-                model.path.display()
+                model.text().source.display()
             );
             tokio::select! {
                 _ = serve => {},

@@ -199,7 +199,7 @@ impl RouteKind {
             RouteKind::Chat | RouteKind::Vllm | RouteKind::Sglang => {
                 &[ChatCompletions, Completions]
             }
-            RouteKind::Embedded => &[ChatCompletions],
+            RouteKind::Embedded => &[ChatCompletions, Completions],
         }
     }
 }

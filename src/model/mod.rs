@@ -1,21 +1,30 @@
 //! The embedded model: a small instruct model run in-process on the CPU
-//! with candle, from one GGUF file, so that rollcall needs no model server
-//! to show what it does (route kind `embedded`, `make demo`).
+//! by rollcall's own engine (`crates/engine`), from a GGUF file or a
+//! Hugging Face checkpoint directory, so that rollcall needs no model
+//! server to show what it does (route kind `embedded`, `make demo`).
 //!
-//! - [`tokenizer`] builds the tokenizer from the file's vocabulary;
-//! - [`template`] renders the file's chat template;
+//! - [`checkpoint`] reads a checkpoint: GGUF tensors through [`load`],
+//!   a safetensors directory through [`hf`];
+//! - [`tokenizer`] builds the tokenizer from the file's vocabulary, or
+//!   reads the directory's `tokenizer.json`;
+//! - [`template`] renders the chat template;
 //! - [`sample`] picks tokens and computes their logprobs;
 //! - [`tools`] reads tool calls out of the answer;
 //! - [`serve`] answers Chat Completions over HTTP in vLLM's shape, token
-//!   ids and logprobs included, so token capture treats it as vLLM;
+//!   ids and logprobs included, so token capture treats it as vLLM, and
+//!   takes new weights (SGLang's `/update_weights_from_disk`);
 //! - [`fetch`] downloads the default model (`rollcall model fetch`).
 //!
-//! One worker thread owns the model and runs one generation at a time;
-//! calls queue in arrival order. It keeps a few KV caches (slots): a call
-//! whose prompt extends what a slot already holds (the next turn of the
-//! same conversation) only computes the new tokens.
+//! One worker thread owns the engine. Generations run together, one KV
+//! cache (slot) each, and decode in one batch per step; calls beyond the
+//! slots queue in arrival order. A call whose prompt extends what a slot
+//! holds (the next turn of the same conversation) only computes the new
+//! tokens. New weights reach the worker through the same queue
+//! ([`Model::reload`]).
 
+pub mod checkpoint;
 pub mod fetch;
+pub mod hf;
 pub mod load;
 pub mod sample;
 pub mod serve;
@@ -24,11 +33,12 @@ pub mod tokenizer;
 pub mod tools;
 
 use candle_core::quantized::gguf_file;
+use checkpoint::Text;
 use rollcall_engine as engine;
 use sample::{Sampler, Sampling};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 /// Why the embedded model cannot load or answer.
@@ -55,6 +65,9 @@ pub enum ModelError {
     /// fetching the model failed: {0}
     #[error("fetching the model failed: {0}")]
     Fetch(String),
+    /// the new checkpoint's tokenizer differs from the one in use ({0}): token ids recorded before and after the update would not compare; load it with force to accept that
+    #[error("the new checkpoint's tokenizer differs from the one in use ({0}): token ids recorded before and after the update would not compare; load it with force to accept that")]
+    TokenizerChanged(String),
 }
 
 impl From<candle_core::Error> for ModelError {
@@ -122,14 +135,37 @@ pub struct Job {
 /// A loaded model and the worker thread that runs it.
 pub struct Model {
     pub name: String,
-    pub path: PathBuf,
-    pub vocab: tokenizer::Vocab,
-    pub template: template::ChatTemplate,
-    /// Tokens of prompt and answer together the model can attend to.
-    pub context: usize,
     pub options: EmbeddedConfig,
+    /// What requests read; a reload replaces it.
+    text: RwLock<Arc<Text>>,
     threads: usize,
-    jobs: mpsc::SyncSender<Job>,
+    jobs: mpsc::SyncSender<Work>,
+    /// One reload at a time.
+    reloading: Mutex<()>,
+}
+
+/// What the worker thread takes, in arrival order.
+enum Work {
+    Job(Job),
+    /// New weights: the generations running finish on the old ones, then
+    /// every KV cache is emptied and the next job runs on these.
+    Swap(Box<Swap>),
+}
+
+struct Swap {
+    engine: engine::Engine,
+    stop_ids: Vec<u32>,
+    done: mpsc::Sender<()>,
+}
+
+/// What a reload did.
+#[derive(Debug)]
+pub struct Reloaded {
+    pub source: PathBuf,
+    /// Tokenizer parts that changed, accepted with `force`.
+    pub changed: Vec<&'static str>,
+    pub load_ms: u64,
+    pub swap_ms: u64,
 }
 
 /// Positions a sequence may reach (prompt and answer together), at most.
@@ -146,7 +182,7 @@ pub enum Busy {
     Stopped,
 }
 
-fn md_str<'a>(
+pub(crate) fn md_str<'a>(
     md: &'a std::collections::HashMap<String, gguf_file::Value>,
     key: &str,
 ) -> Option<&'a str> {
@@ -161,39 +197,21 @@ impl Model {
         self.threads
     }
 
-    /// Load a llama-architecture GGUF file and start its worker.
+    /// What requests read now: tokenizer, chat template, context.
+    pub fn text(&self) -> Arc<Text> {
+        self.text
+            .read()
+            .map_or_else(|p| p.into_inner().clone(), |t| t.clone())
+    }
+
+    /// Load a llama-architecture GGUF file or Hugging Face checkpoint
+    /// directory and start its worker.
     pub fn load(path: &Path, options: EmbeddedConfig) -> Result<Arc<Model>, ModelError> {
-        let read_err = |message: String| ModelError::Read {
-            path: path.into(),
-            message,
-        };
-        let mut file = std::fs::File::open(path).map_err(|e| read_err(e.to_string()))?;
-        let content = gguf_file::Content::read(&mut file)
-            .map_err(|e| read_err(format!("not a GGUF file ({e})")))?;
-        let md = &content.metadata;
-        let arch = md_str(md, "general.architecture").unwrap_or("?");
-        if arch != "llama" {
-            return Err(ModelError::Unsupported(format!(
-                "architecture {arch:?}; the embedded upstream runs llama-architecture GGUF files"
-            )));
-        }
-        let vocab = tokenizer::from_gguf(md)?;
-        let source = md_str(md, "tokenizer.chat_template").ok_or_else(|| {
-            ModelError::Metadata("tokenizer.chat_template is missing: not a chat model".into())
-        })?;
-        let name_of =
-            |t: &Option<(u32, String)>| t.as_ref().map(|t| t.1.clone()).unwrap_or_default();
-        let template =
-            template::ChatTemplate::new(source, &name_of(&vocab.bos), &name_of(&vocab.eos))?;
-        let shape = load::shape(&content, MAX_CONTEXT)?;
-        let context = shape.context;
-        let engine = load::engine(
-            &content,
-            &mut file,
-            shape,
-            options.threads,
-            options.dequantize,
-        )?;
+        let checkpoint::Checkpoint {
+            engine,
+            text,
+            stop_ids,
+        } = checkpoint::read(path, &options)?;
         let name = options.name.clone().unwrap_or_else(|| {
             path.file_stem()
                 .map(|s| s.to_string_lossy().into_owned())
@@ -211,7 +229,7 @@ impl Model {
                     used: 0,
                 })
                 .collect(),
-            stop_ids: vocab.stop_ids.clone(),
+            stop_ids,
             clock: 0,
         };
         std::thread::Builder::new()
@@ -220,14 +238,49 @@ impl Model {
             .map_err(|e| ModelError::Compute(format!("cannot start the model thread: {e}")))?;
         Ok(Arc::new(Model {
             name,
-            path: path.into(),
-            vocab,
-            template,
-            context,
             options,
+            text: RwLock::new(Arc::new(text)),
             threads,
             jobs,
+            reloading: Mutex::new(()),
         }))
+    }
+
+    /// Replace the weights with the checkpoint at `path` (a GGUF file or a
+    /// Hugging Face directory) while serving: it is read beside the
+    /// running model, the generations running finish on the old weights,
+    /// and the next ones run on the new. A tokenizer, chat template or
+    /// context that differs from the one in use is refused unless `force`,
+    /// since token ids recorded before and after would not compare. On an
+    /// error the old weights stay. Blocks; one reload runs at a time.
+    pub fn reload(&self, path: &Path, force: bool) -> Result<Reloaded, ModelError> {
+        let _one = self.reloading.lock().unwrap_or_else(|p| p.into_inner());
+        let started = std::time::Instant::now();
+        let new = checkpoint::read(path, &self.options)?;
+        let changed = self.text().differences(&new.text);
+        if !changed.is_empty() && !force {
+            return Err(ModelError::TokenizerChanged(changed.join(", ")));
+        }
+        let load_ms = started.elapsed().as_millis() as u64;
+        let (done, swapped) = mpsc::channel();
+        let swap = Swap {
+            engine: new.engine,
+            stop_ids: new.stop_ids,
+            done,
+        };
+        self.jobs
+            .send(Work::Swap(Box::new(swap)))
+            .map_err(|_| ModelError::Compute("the model thread has stopped".into()))?;
+        swapped
+            .recv()
+            .map_err(|_| ModelError::Compute("the model thread stopped during the swap".into()))?;
+        *self.text.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(new.text);
+        Ok(Reloaded {
+            source: path.into(),
+            changed,
+            load_ms,
+            swap_ms: started.elapsed().as_millis() as u64 - load_ms,
+        })
     }
 
     /// Queue a generation; its steps arrive on the receiver. Dropping the
@@ -251,7 +304,7 @@ impl Model {
             prompt_logprobs,
             steps,
         };
-        match self.jobs.try_send(job) {
+        match self.jobs.try_send(Work::Job(job)) {
             Ok(()) => Ok(rx),
             Err(mpsc::TrySendError::Full(_)) => Err(Busy::Full(self.options.queue)),
             Err(mpsc::TrySendError::Disconnected(_)) => Err(Busy::Stopped),
@@ -350,19 +403,30 @@ impl Worker {
     /// them its last token in one batch (continuous batching), and a new
     /// call starts, with its prompt read alone, as soon as a slot is free.
     /// Calls beyond the slots wait in the queue, in arrival order.
-    fn run(mut self, jobs: mpsc::Receiver<Job>) {
+    /// New weights wait for the generations running to finish.
+    fn run(mut self, jobs: mpsc::Receiver<Work>) {
         let mut active: Vec<Active> = Vec::new();
         loop {
             while active.len() < self.slots.len() {
-                let job = if active.is_empty() {
+                let work = if active.is_empty() {
                     match jobs.recv() {
-                        Ok(j) => j,
+                        Ok(w) => w,
                         Err(_) => return,
                     }
                 } else {
                     match jobs.try_recv() {
-                        Ok(j) => j,
+                        Ok(w) => w,
                         Err(_) => break,
+                    }
+                };
+                let job = match work {
+                    Work::Job(job) => job,
+                    Work::Swap(swap) => {
+                        while !active.is_empty() {
+                            self.step(&mut active);
+                        }
+                        self.swap(*swap);
+                        continue;
                     }
                 };
                 let busy: Vec<usize> = active.iter().map(|a| a.slot).collect();
@@ -385,6 +449,18 @@ impl Worker {
                 self.step(&mut active);
             }
         }
+    }
+
+    /// Take new weights; every KV cache is emptied.
+    fn swap(&mut self, swap: Swap) {
+        self.engine = swap.engine;
+        self.stop_ids = swap.stop_ids;
+        for slot in &mut self.slots {
+            slot.cache = engine::Cache::default();
+            slot.tokens.clear();
+            slot.checkpoint = None;
+        }
+        let _ = swap.done.send(());
     }
 
     /// The free slot holding the longest prefix of `prompt`, else the
@@ -647,7 +723,8 @@ pub async fn start(options: &EmbeddedConfig) -> Result<String, ModelError> {
         .await
         .map_err(|e| ModelError::Compute(format!("cannot bind the model server: {e}")))?;
     tokio::spawn(serve);
-    tracing::info!(model = %model.name, file = %model.path.display(),
-        context = model.context, load_ms = started.elapsed().as_millis() as u64, "embedded model loaded");
+    let text = model.text();
+    tracing::info!(model = %model.name, file = %text.source.display(),
+        context = text.context, load_ms = started.elapsed().as_millis() as u64, "embedded model loaded");
     Ok(format!("http://{addr}/v1"))
 }

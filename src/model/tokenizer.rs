@@ -6,6 +6,7 @@
 use super::ModelError;
 use candle_core::quantized::gguf_file::Value;
 use std::collections::HashMap;
+use std::path::Path;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::BPE;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -98,20 +99,12 @@ pub fn from_gguf(md: &HashMap<String, Value>) -> Result<Vocab, ModelError> {
         .collect();
     tokenizer.add_special_tokens(&special);
 
-    let table = unicode_to_byte();
-    let bytes = tokens
-        .iter()
-        .zip(&types)
-        .map(|(t, ty)| {
-            if matches!(*ty, CONTROL | USER_DEFINED) {
-                return t.as_bytes().to_vec();
-            }
-            t.chars()
-                .map(|c| table.get(&c).copied())
-                .collect::<Option<Vec<u8>>>()
-                .unwrap_or_else(|| t.as_bytes().to_vec())
-        })
-        .collect();
+    let bytes = token_bytes(
+        tokens
+            .iter()
+            .zip(&types)
+            .map(|(t, ty)| (t.as_str(), matches!(*ty, CONTROL | USER_DEFINED))),
+    );
     let named =
         |key: &str| id(md, key).and_then(|i| tokens.get(i as usize).map(|t| (i, t.clone())));
     let bos = named("tokenizer.ggml.bos_token_id");
@@ -132,7 +125,137 @@ pub fn from_gguf(md: &HashMap<String, Value>) -> Result<Vocab, ModelError> {
     })
 }
 
+/// Each token's raw bytes: byte-level BPE pieces mapped back, special
+/// tokens (`true`) as they are written.
+fn token_bytes<'a>(tokens: impl Iterator<Item = (&'a str, bool)>) -> Vec<Vec<u8>> {
+    let table = unicode_to_byte();
+    tokens
+        .map(|(t, special)| {
+            if special {
+                return t.as_bytes().to_vec();
+            }
+            t.chars()
+                .map(|c| table.get(&c).copied())
+                .collect::<Option<Vec<u8>>>()
+                .unwrap_or_else(|| t.as_bytes().to_vec())
+        })
+        .collect()
+}
+
+/// The tokenizer of a Hugging Face checkpoint directory (`tokenizer.json`,
+/// read by the same `tokenizers` library `transformers` uses), with its
+/// BOS and EOS tokens from `tokenizer_config.json` and the turn-ending ids
+/// `eos_ids` (from the model's generation config).
+pub fn from_hf(
+    dir: &Path,
+    config: &serde_json::Value,
+    eos_ids: &[u32],
+) -> Result<Vocab, ModelError> {
+    let path = dir.join("tokenizer.json");
+    let tokenizer = Tokenizer::from_file(&path).map_err(|e| ModelError::Read {
+        path: path.clone(),
+        message: format!("not a tokenizers file ({e})"),
+    })?;
+    let special: HashMap<u32, bool> = tokenizer
+        .get_added_tokens_decoder()
+        .into_iter()
+        .map(|(id, t)| (id, t.special))
+        .collect();
+    let len = tokenizer.get_vocab_size(true) as u32;
+    let names: Vec<String> = (0..len)
+        .map(|id| tokenizer.id_to_token(id).unwrap_or_default())
+        .collect();
+    let bytes = token_bytes(names.iter().enumerate().map(|(id, t)| {
+        (
+            t.as_str(),
+            special.get(&(id as u32)).copied().unwrap_or(false),
+        )
+    }));
+    let named = |key: &str| {
+        let content = match config.get(key) {
+            Some(serde_json::Value::String(s)) => Some(s.as_str()),
+            Some(v) => v.get("content").and_then(serde_json::Value::as_str),
+            None => None,
+        }?;
+        tokenizer
+            .token_to_id(content)
+            .map(|id| (id, content.to_owned()))
+    };
+    let bos = named("bos_token");
+    let eos = named("eos_token");
+    let mut stop_ids: Vec<u32> = eos.iter().map(|(i, _)| *i).collect();
+    stop_ids.extend(eos_ids.iter().filter(|&&i| i < len));
+    stop_ids.sort_unstable();
+    stop_ids.dedup();
+    let add_bos = config
+        .get("add_bos_token")
+        .and_then(serde_json::Value::as_bool)
+        .unwrap_or(false);
+    Ok(Vocab {
+        tokenizer,
+        bytes,
+        bos,
+        eos,
+        stop_ids,
+        add_bos,
+    })
+}
+
 impl Vocab {
+    /// What token-exactness rests on, one hash per part: each id's token,
+    /// the BPE merges, the added tokens (and which are special), and
+    /// whether a BOS token is put first. Two tokenizers with the same
+    /// signature turn every text into the same ids.
+    pub fn signature(&self) -> Vec<(&'static str, u64)> {
+        use std::hash::{DefaultHasher, Hash, Hasher};
+        let hash = |f: &dyn Fn(&mut DefaultHasher)| {
+            let mut h = DefaultHasher::new();
+            f(&mut h);
+            h.finish()
+        };
+        let model = serde_json::to_value(self.tokenizer.get_model()).unwrap_or_default();
+        let merges: Vec<String> = model
+            .get("merges")
+            .and_then(serde_json::Value::as_array)
+            .map(|m| {
+                m.iter()
+                    .map(|x| match x {
+                        serde_json::Value::String(s) => s.clone(),
+                        other => other
+                            .as_array()
+                            .map(|p| {
+                                p.iter()
+                                    .filter_map(|s| s.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(" ")
+                            })
+                            .unwrap_or_default(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut added: Vec<(u32, String, bool)> = self
+            .tokenizer
+            .get_added_tokens_decoder()
+            .into_iter()
+            .map(|(id, t)| (id, t.content, t.special))
+            .collect();
+        added.sort();
+        let n = self.tokenizer.get_vocab_size(true) as u32;
+        vec![
+            (
+                "vocabulary",
+                hash(&|h| (0..n).for_each(|i| self.tokenizer.id_to_token(i).hash(h))),
+            ),
+            ("merges", hash(&|h| merges.hash(h))),
+            ("special tokens", hash(&|h| added.hash(h))),
+            (
+                "BOS token",
+                hash(&|h| (self.add_bos, self.bos.as_ref().map(|b| b.0)).hash(h)),
+            ),
+        ]
+    }
+
     /// Token ids of `text`, special tokens matched whole, a BOS token first
     /// when the model asks for one and `add_special` is set.
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, ModelError> {

@@ -4,6 +4,7 @@
 //! ```text
 //! POST /v1/admin/pause    {"mode": "hold" | "abort", "route"?: NAME}
 //! POST /v1/admin/resume   {"policy_version"?: N, "route"?: NAME, "urls"?: [URL, ...]}
+//! POST /v1/admin/load     {"route": NAME, "model_path": PATH, "policy_version"?: N, "force"?: bool}
 //! GET  /v1/admin/status   [?route=NAME]
 //! ```
 //!
@@ -16,6 +17,18 @@
 //! and cut calls go to it; calls already sent finish where they are
 //! (`upstream::pool` says what joins and leaves keep). A route that is not
 //! paused takes `urls` too: the resume then just swaps its replicas.
+//!
+//! `load` puts new weights on one route's replicas without restarting
+//! anything: each gets SGLang's `POST /update_weights_from_disk` with
+//! `model_path` (the embedded model serves it too: a GGUF file or a
+//! Hugging Face checkpoint directory, and `force` accepts a tokenizer
+//! change there). On an open gate the load closes it in `hold` mode first,
+//! and opens it again when every replica has answered: with
+//! `policy_version` when all succeeded, on the version it had when one
+//! failed. Held calls thus run on the new weights, and the rows say so. On
+//! a gate already paused (the trainer's own pause, load, resume) the load
+//! leaves it paused, and `policy_version` belongs to the resume. The
+//! answer adds `loaded`: each replica's answer. A failed load is a 502.
 //!
 //! Every answer is the status of the routes it names: per route `paused`,
 //! `policy_version`, `held_calls` and `replicas` (the base URLs now,
@@ -47,6 +60,19 @@ struct Resume {
     /// The route's new replica set.
     urls: Option<Vec<String>>,
 }
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Load {
+    route: String,
+    model_path: String,
+    policy_version: Option<i64>,
+    #[serde(default)]
+    force: bool,
+}
+
+/// The longest a replica may take to load new weights.
+const LOAD_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
 
 fn error(status: u16, code: &str, message: String) -> Response<ProxyBody> {
     json_response(
@@ -199,10 +225,72 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Proxy
             }
             json_response(200, &status(&state, &g))
         }
+        (Method::POST, "/v1/admin/load") => match serde_json::from_slice(&body) {
+            Ok(l) => load(&state, l).await,
+            Err(e) => parse_err(e),
+        },
         (_, p) => error(
             404,
             "unknown_url",
-            format!("{p}: the admin endpoints are POST /v1/admin/pause, POST /v1/admin/resume, GET /v1/admin/status"),
+            format!("{p}: the admin endpoints are POST /v1/admin/pause, POST /v1/admin/resume, POST /v1/admin/load, GET /v1/admin/status"),
         ),
     }
+}
+
+/// `POST /v1/admin/load`: see the module's doc.
+async fn load(state: &State, l: Load) -> Response<ProxyBody> {
+    let (Some(route), Ok(g)) = (
+        state.routes.all().iter().find(|r| r.name == l.route),
+        gates(state, Some(&l.route)),
+    ) else {
+        return UnknownRoute(l.route).answer();
+    };
+    let Some(&(name, gate)) = g.first() else {
+        return UnknownRoute(l.route).answer();
+    };
+    let opens = gate.paused().is_none();
+    if !opens && l.policy_version.is_some() {
+        return error(
+            400,
+            "invalid_body",
+            format!("route {name:?} is paused: its resume gives the policy version, not the load"),
+        );
+    }
+    let mut upstream = json!({"model_path": l.model_path});
+    if l.force {
+        upstream["force"] = json!(true);
+    }
+    if let Some(v) = l.policy_version {
+        upstream["weight_version"] = json!(v.to_string());
+    }
+    if opens {
+        gate.pause(Mode::Hold);
+    }
+    let started = std::time::Instant::now();
+    let loaded = route
+        .load_weights(bytes::Bytes::from(upstream.to_string()), LOAD_WAIT)
+        .await;
+    let ok = !loaded.is_empty() && loaded.iter().all(|x| x.succeeded());
+    if opens {
+        gate.resume(if ok { l.policy_version } else { None });
+    }
+    let ms = started.elapsed().as_millis() as u64;
+    if ok {
+        tracing::info!(route = %name, load_ms = ms, policy_version = gate.version(), "route weights loaded");
+    } else {
+        let answers = crate::redact::redacted(&format!("{loaded:?}"));
+        tracing::warn!(route = %name, %answers, "route weights not loaded");
+    }
+    let mut v = status(state, &g);
+    v["load_ms"] = json!(ms);
+    v["loaded"] = loaded
+        .iter()
+        .map(|x| match &x.answer {
+            Ok((s, body)) => {
+                json!({"replica": x.replica, "status": s, "success": x.succeeded(), "answer": body})
+            }
+            Err(e) => json!({"replica": x.replica, "status": null, "success": false, "error": e}),
+        })
+        .collect();
+    json_response(if ok { 200 } else { 502 }, &v)
 }

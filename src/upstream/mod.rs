@@ -279,6 +279,52 @@ impl Route {
         Ok(change)
     }
 
+    /// Load new weights on every replica: `body` is POSTed to each one's
+    /// `/update_weights_from_disk` at its origin (the base URL less a
+    /// trailing `/v1`), SGLang's endpoint, which the embedded model serves
+    /// too. Waits at most `wait` for each; every replica's answer (status
+    /// and JSON body) or why there was none, in replica order.
+    pub async fn load_weights(&self, body: Bytes, wait: Duration) -> Vec<Loaded> {
+        let set = self.pool.snapshot();
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        self.place_key(&mut headers, false);
+        let loads = set.replicas().iter().map(|r| {
+            let origin = r.url.strip_suffix("/v1").unwrap_or(&r.url);
+            let url = format!("{origin}/update_weights_from_disk");
+            let req = self
+                .clients
+                .get()
+                .post(url)
+                .headers(headers.clone())
+                .body(body.clone())
+                .timeout(wait);
+            async move {
+                let answer = match req.send().await {
+                    Ok(mut resp) => {
+                        let status = resp.status().as_u16();
+                        match read_body(&mut resp, 1 << 20, wait).await {
+                            Ok(b) => Ok((
+                                status,
+                                serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null),
+                            )),
+                            Err(e) => Err(e.to_string()),
+                        }
+                    }
+                    Err(e) => Err(error_chain(&e)),
+                };
+                Loaded {
+                    replica: crate::redact::redacted(&r.url),
+                    answer,
+                }
+            }
+        });
+        futures_util::future::join_all(loads).await
+    }
+
     /// Probe every replica of a pool (`GET <url>/models`) every
     /// `health_interval_ms`, for as long as the route lives; each round
     /// probes the replicas the pool has then. A pool of one is not probed
@@ -317,6 +363,23 @@ impl Route {
                 }
             }
         });
+    }
+}
+
+/// One replica's answer to a weight load: its status and JSON body, or
+/// why none came.
+#[derive(Debug)]
+pub struct Loaded {
+    /// The replica's base URL, redacted.
+    pub replica: String,
+    pub answer: Result<(u16, serde_json::Value), String>,
+}
+
+impl Loaded {
+    /// It answered 2xx with `success` not false.
+    pub fn succeeded(&self) -> bool {
+        matches!(&self.answer, Ok((s, v)) if (200..300).contains(s)
+            && v.get("success").and_then(serde_json::Value::as_bool) != Some(false))
     }
 }
 

@@ -197,6 +197,79 @@ def test_prompt_logprobs_match_a_forward_pass(served, hf):
         assert resp.status == 400 and needle in resp.json()["error"]["message"], resp.body
 
 
+def test_completions_echo_scores_a_prompt_as_a_forward_pass(served, hf):
+    """Completions with `echo`, `logprobs` and `max_tokens: 0`, as a teacher
+    is asked to score a student's tokens: every prompt token's logprob
+    (the first `null`) as transformers computes it, the prompt given as
+    text or as token ids; vLLM's `prompt_logprobs` on the same call; then
+    greedy continuation of a raw prompt, to the token."""
+    tok, model = hf
+    text = "The quick brown fox jumps over the lazy dog. Then it"
+    ids = tok.encode(text)
+    with torch.no_grad():
+        lp = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), dim=-1)
+    for prompt in (text, ids, [ids]):
+        r = h.post_json(served, "/v1/completions", {"model": "smol", "prompt": prompt, "echo": True,
+                                                     "max_tokens": 0, "logprobs": 2, "prompt_logprobs": 1,
+                                                     "return_token_ids": True}).json()
+        c = r["choices"][0]
+        assert c["prompt_token_ids"] == ids and c["token_ids"] == [] and c["text"] == text
+        legacy = c["logprobs"]
+        assert legacy["tokens"] == [tok.decode([i]) for i in ids]
+        assert legacy["token_logprobs"][0] is None and legacy["top_logprobs"][0] is None
+        assert "".join(legacy["tokens"]) == text
+        assert legacy["text_offset"] == [len("".join(legacy["tokens"][:i])) for i in range(len(ids))]
+        for i in range(1, len(ids)):
+            want = lp[i - 1][ids[i]].item()
+            assert abs(legacy["token_logprobs"][i] - want) < 2e-3, (i, legacy["token_logprobs"][i], want)
+            assert abs(c["prompt_logprobs"][i][str(ids[i])]["logprob"] - want) < 2e-3
+            top = legacy["top_logprobs"][i]
+            assert 1 <= len(top) <= 3 and tok.decode([ids[i]]) in top
+            best = torch.topk(lp[i - 1], 2)
+            for tid, v in zip(best.indices.tolist(), best.values.tolist()):
+                assert abs(top[tok.decode([tid])] - v) < 2e-3
+        assert r["usage"] == {**r["usage"], "prompt_tokens": len(ids), "completion_tokens": 0}
+    r = h.post_json(served, "/v1/completions", {"model": "smol", "prompt": text, "max_tokens": 12,
+                                                 "temperature": 0, "return_token_ids": True}).json()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
+                             eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+    theirs = out[0, len(ids):].tolist()
+    assert r["choices"][0]["token_ids"] == theirs
+    assert r["choices"][0]["text"] == tok.decode(theirs, skip_special_tokens=True)
+    assert r["object"] == "text_completion" and r["choices"][0]["logprobs"] is None
+    streamed = h.post_json(served, "/v1/completions", {"model": "smol", "prompt": text, "max_tokens": 12,
+                                                        "temperature": 0, "stream": True, "logprobs": 0})
+    chunks = [json.loads(line[6:]) for line in streamed.body.decode().splitlines()
+              if line.startswith("data: {")]
+    assert "".join(ch["choices"][0]["text"] for ch in chunks) == r["choices"][0]["text"]
+    assert sum(len(ch["choices"][0]["logprobs"]["tokens"]) for ch in chunks) == len(theirs)
+    assert streamed.body.decode().rstrip().endswith("data: [DONE]")
+    for bad, needle in [({"prompt": [[1], [2]]}, "one prompt"), ({"prompt": [10**9]}, "vocabulary"),
+                        ({"prompt": text, "max_tokens": 0}, "0 with `echo`"),
+                        ({"prompt": text, "logprobs": 21}, "at most 20"),
+                        ({"prompt": text, "echo": True, "logprobs": 1, "stream": True}, "stream=True"),
+                        ({}, "`prompt` is required")]:
+        resp = h.post_json(served, "/v1/completions", {"model": "smol", **bad})
+        assert resp.status == 400 and needle in resp.json()["error"]["message"], (bad, resp.body)
+
+
+def test_completions_through_the_proxy_record_the_prompt_tokens(tmp_path, gguf, hf):
+    tok, _ = hf
+    p = h.start_proxy(tmp_path, "unused", toml=EMBEDDED_TOML.format(model=gguf))
+    try:
+        client = openai.OpenAI(base_url=f"{p.url}/rollouts/cmpl-1/v1", api_key="k")
+        r = client.completions.create(model="smol", prompt="Paris is the capital of", max_tokens=5)
+        assert r.choices[0].text and r.choices[0].logprobs is None
+        h.wait_for_shards(p.url)
+    finally:
+        p.terminate()
+    (row,) = h.read_calls_arrow(p.shards)
+    assert row["wire_api"] == "completions" and row["upstream_api"] is None  # natively, untranslated
+    assert row["prompt_token_ids"] == tok.encode("Paris is the capital of")
+    assert len(row["completion_token_ids"]) == len(row["completion_logprobs"]) > 0
+
+
 def stream_chat(url: str, body: dict) -> tuple[list[int], str, list[float], list[dict]]:
     r = h.post_json(url, "/v1/chat/completions", {"model": "smol", "stream": True, **body}, timeout=300)
     assert r.status == 200
@@ -222,7 +295,9 @@ def test_stream_and_whole_agree_under_a_seed(served):
     assert ids == c["token_ids"]
     assert text == c["message"]["content"]
     assert lps == [e["logprob"] for e in c["logprobs"]["content"]]
-    assert chunks[-1]["usage"] == whole["usage"]
+    # the same counts; how many prompt tokens a KV cache held may differ
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert [chunks[-1]["usage"][k] for k in counts] == [whole["usage"][k] for k in counts]
     assert len(chunks) > 10, "tokens are streamed as they are made"
     # another seed samples another answer
     other = chat(served, {**body, "seed": 4321})

@@ -3,7 +3,8 @@
 //! the whole and the streamed chat answer are built from it.
 
 use super::params::Params;
-use crate::model::{Finish, Model, Step};
+use crate::model::tokenizer::Vocab;
+use crate::model::{Finish, PromptLogprob, Step};
 use serde_json::{json, Value};
 
 /// A generation in progress: the tokens so far, their text, and why it
@@ -16,6 +17,10 @@ pub(super) struct Answer {
     /// token `{id: {logprob, rank, decoded_token}}`, the token itself and
     /// the most likely ones.
     pub(super) prompt_logprobs: Option<Vec<Value>>,
+    /// The same, as the model scored it.
+    pub(super) scored: Vec<PromptLogprob>,
+    /// Each token's logprob and the most likely tokens there.
+    pub(super) sampled: Vec<(f32, Vec<(u32, f32)>)>,
     cached: usize,
     pub(super) finish: Option<&'static str>,
     /// The stop string that ended it.
@@ -29,6 +34,8 @@ impl Answer {
             logprobs: Vec::new(),
             text: String::new(),
             prompt_logprobs: None,
+            scored: Vec::new(),
+            sampled: Vec::new(),
             cached: 0,
             finish: None,
             stop_reason: None,
@@ -36,15 +43,20 @@ impl Answer {
     }
 
     /// Take in one step; returns `Err` when the model failed.
-    pub(super) fn step(&mut self, model: &Model, p: &Params, step: Step) -> Result<(), String> {
+    pub(super) fn step(&mut self, vocab: &Vocab, p: &Params, step: Step) -> Result<(), String> {
         match step {
             Step::Started { cached } => self.cached = cached,
             Step::Prompt(scored) => {
-                let piece = |id: u32| model.vocab.decode(&[id], false).unwrap_or_default();
+                let piece = |id: u32| vocab.decode(&[id], false).unwrap_or_default();
                 let mut out = vec![Value::Null];
-                for s in scored {
+                for s in &scored {
                     let mut e = serde_json::Map::new();
-                    for (rank, &(id, lp)) in s.top.iter().enumerate() {
+                    for (rank, &(id, lp)) in s
+                        .top
+                        .iter()
+                        .take(p.prompt_logprobs.unwrap_or(0))
+                        .enumerate()
+                    {
                         e.insert(
                             id.to_string(),
                             json!({"logprob": lp, "rank": rank + 1, "decoded_token": piece(id)}),
@@ -53,18 +65,17 @@ impl Answer {
                     e.insert(s.token.to_string(), json!({"logprob": s.logprob, "rank": s.rank, "decoded_token": piece(s.token)}));
                     out.push(Value::Object(e));
                 }
-                self.prompt_logprobs = Some(out);
+                if p.prompt_logprobs.is_some() {
+                    self.prompt_logprobs = Some(out);
+                }
+                self.scored = scored;
             }
             Step::Token { id, logprob, top } => {
                 self.ids.push(id);
+                self.sampled.push((logprob, top.clone()));
                 if p.logprobs {
                     let entry = |id: u32, lp: f32| {
-                        let bytes = model
-                            .vocab
-                            .bytes
-                            .get(id as usize)
-                            .cloned()
-                            .unwrap_or_default();
+                        let bytes = vocab.bytes.get(id as usize).cloned().unwrap_or_default();
                         json!({"token": String::from_utf8_lossy(&bytes), "logprob": lp, "bytes": bytes})
                     };
                     let mut e = entry(id, logprob);
@@ -73,10 +84,7 @@ impl Answer {
                 }
                 // Decode the whole answer again: a token may complete a
                 // character an earlier one began. Wait while it is partial.
-                let text = model
-                    .vocab
-                    .decode(&self.ids, true)
-                    .map_err(|e| e.to_string())?;
+                let text = vocab.decode(&self.ids, true).map_err(|e| e.to_string())?;
                 if !text.ends_with('\u{FFFD}') {
                     self.text = text;
                 }
@@ -92,10 +100,7 @@ impl Answer {
                 }
             }
             Step::Done(f) => {
-                self.text = model
-                    .vocab
-                    .decode(&self.ids, true)
-                    .map_err(|e| e.to_string())?;
+                self.text = vocab.decode(&self.ids, true).map_err(|e| e.to_string())?;
                 self.finish = Some(match f {
                     Finish::Stop => "stop",
                     Finish::Length => "length",

@@ -1,5 +1,5 @@
-//! The embedded model over HTTP: an OpenAI-compatible Chat Completions
-//! server in vLLM's shape, on a loopback port inside the rollcall process.
+//! The embedded model over HTTP: an OpenAI-compatible Chat Completions and
+//! Completions server in vLLM's shape, on a loopback port inside the rollcall process.
 //! A route of kind `embedded` points at it and is treated as a vLLM route,
 //! so token capture, stripping and recording are the same code paths a real
 //! vLLM server goes through. `rollcall model serve` runs it alone.
@@ -7,8 +7,10 @@
 //! | path | what |
 //! |---|---|
 //! | `POST /v1/chat/completions` | streaming or not; `tools`, `tool_choice: "none"`, `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `top_k`, `seed`, `stop`, `logprobs`, `top_logprobs`, `return_token_ids`, `stream_options.include_usage` |
+//! | `POST /v1/completions` | a prompt (text or token ids) continued, streaming or not; `echo`, `logprobs: N` (OpenAI's legacy object), `max_tokens: 0` with `echo` to score a prompt, vLLM's `prompt_logprobs` and `return_token_ids` ([`completions`]) |
 //! | `POST /tokenize` | vLLM's: `{"prompt"}` or `{"messages", "tools"}` → `{"tokens", "count", "max_model_len"}` |
 //! | `POST /detokenize` | `{"tokens"}` → `{"prompt"}` |
+//! | `POST /update_weights_from_disk` | SGLang's: `{"model_path", "force"?}` → `{"success", "message"}`; new weights while serving ([`Model::reload`]) |
 //! | `GET /v1/models`, `GET /health` | |
 //!
 //! Errors are OpenAI error bodies; a prompt longer than the context is a
@@ -20,9 +22,12 @@
 //! by step in `answer`, the streamed chat answer in `stream`.
 
 mod answer;
+mod completions;
 mod params;
+mod reload;
 mod stream;
 
+use super::checkpoint::Text;
 use super::tools;
 use super::Model;
 use crate::http::{Chunk, ProxyBody};
@@ -30,7 +35,7 @@ use answer::Answer;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use params::params;
+use params::{params, Api};
 use serde_json::{json, Map, Value};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -83,19 +88,25 @@ async fn handle(req: Request<Incoming>, model: Arc<Model>) -> Response<ProxyBody
     let result = match (req.method(), path.as_str()) {
         (&Method::GET, "/v1/models") => Ok(json_response(&json!({
             "object": "list",
-            "data": [{"id": model.name, "object": "model", "created": now(), "owned_by": "rollcall-embedded", "max_model_len": model.context}],
+            "data": [{"id": model.name, "object": "model", "created": now(), "owned_by": "rollcall-embedded", "max_model_len": model.text().context}],
         }))),
         (&Method::GET, "/health") => Ok(crate::http::bytes_response(200, "text/plain", "")),
-        (&Method::POST, "/v1/chat/completions" | "/tokenize" | "/detokenize") => {
-            match read_json(req).await {
-                Ok(body) => match path.as_str() {
-                    "/tokenize" => tokenize(&model, &body).map(|v| json_response(&v)),
-                    "/detokenize" => detokenize(&model, &body).map(|v| json_response(&v)),
-                    _ => chat(&model, &body).await,
-                },
-                Err(r) => Err(r),
-            }
-        }
+        (&Method::POST, "/update_weights_from_disk") => match read_json(req).await {
+            Ok(body) => Ok(reload::update_weights_from_disk(&model, &body).await),
+            Err(r) => Err(r),
+        },
+        (
+            &Method::POST,
+            "/v1/chat/completions" | "/v1/completions" | "/tokenize" | "/detokenize",
+        ) => match read_json(req).await {
+            Ok(body) => match path.as_str() {
+                "/v1/completions" => completions::completions(&model, &body).await,
+                "/tokenize" => tokenize(&model.text(), &body).map(|v| json_response(&v)),
+                "/detokenize" => detokenize(&model.text(), &body).map(|v| json_response(&v)),
+                _ => chat(&model, &body).await,
+            },
+            Err(r) => Err(r),
+        },
         _ => reject(404, format!("no route for {} {path}", req.method())),
     };
     result.unwrap_or_else(|Reject(status, msg)| {
@@ -150,7 +161,7 @@ fn tools_of(body: &Map<String, Value>) -> Vec<Value> {
 /// checkpoint: the next turn's prompt extends the conversation, not always
 /// the opening).
 fn chat_prompt(
-    model: &Model,
+    text: &Text,
     body: &Map<String, Value>,
     tools: &[Value],
 ) -> Result<(Vec<u32>, Option<usize>), Reject> {
@@ -161,13 +172,12 @@ fn chat_prompt(
         return reject(400, "`messages` must not be empty");
     }
     let tokens = |open: bool| {
-        let text = model
+        let rendered = text
             .template
             .render_with(messages, tools, open)
             .map_err(|e| Reject(400, e.to_string()))?;
-        model
-            .vocab
-            .encode(&text, false)
+        text.vocab
+            .encode(&rendered, false)
             .map_err(|e| Reject(400, e.to_string()))
     };
     let ids = tokens(true)?;
@@ -178,27 +188,26 @@ fn chat_prompt(
     Ok((ids, checkpoint))
 }
 
-fn tokenize(model: &Model, body: &Map<String, Value>) -> Result<Value, Reject> {
+fn tokenize(text: &Text, body: &Map<String, Value>) -> Result<Value, Reject> {
     let tokens = match body.get("prompt") {
         Some(Value::String(p)) => {
             let special = body
                 .get("add_special_tokens")
                 .and_then(Value::as_bool)
                 .unwrap_or(true);
-            model
-                .vocab
+            text.vocab
                 .encode(p, special)
                 .map_err(|e| Reject(400, e.to_string()))?
         }
         Some(_) => return reject(400, "`prompt` must be a string"),
-        None => chat_prompt(model, body, &tools_of(body))?.0,
+        None => chat_prompt(text, body, &tools_of(body))?.0,
     };
     Ok(
-        json!({"count": tokens.len(), "max_model_len": model.context, "tokens": tokens, "token_strs": null}),
+        json!({"count": tokens.len(), "max_model_len": text.context, "tokens": tokens, "token_strs": null}),
     )
 }
 
-fn detokenize(model: &Model, body: &Map<String, Value>) -> Result<Value, Reject> {
+fn detokenize(text: &Text, body: &Map<String, Value>) -> Result<Value, Reject> {
     let ids: Option<Vec<u32>> = body
         .get("tokens")
         .and_then(Value::as_array)
@@ -206,14 +215,14 @@ fn detokenize(model: &Model, body: &Map<String, Value>) -> Result<Value, Reject>
     let Some(ids) = ids else {
         return reject(400, "`tokens` must be a list of token ids");
     };
-    if let Some(bad) = ids.iter().find(|&&i| i as usize >= model.vocab.len()) {
+    if let Some(bad) = ids.iter().find(|&&i| i as usize >= text.vocab.len()) {
         return reject(400, format!("token id {bad} is out of vocabulary"));
     }
-    let text = model
+    let decoded = text
         .vocab
         .decode(&ids, false)
         .map_err(|e| Reject(400, e.to_string()))?;
-    Ok(json!({"prompt": text}))
+    Ok(json!({"prompt": decoded}))
 }
 
 fn tool_call_json(i: usize, c: &tools::ToolCall) -> Value {
@@ -226,8 +235,9 @@ async fn chat(
     body: &Map<String, Value>,
 ) -> Result<Response<ProxyBody>, Reject> {
     let tools = tools_of(body);
-    let (prompt, checkpoint) = chat_prompt(model, body, &tools)?;
-    let p = params(model, body, prompt.len())?;
+    let text = model.text();
+    let (prompt, checkpoint) = chat_prompt(&text, body, &tools)?;
+    let p = params(model, Api::Chat, body, prompt.len())?;
     let top = if p.logprobs { p.top_logprobs } else { 0 };
     let mut steps = model
         .generate(
@@ -236,7 +246,7 @@ async fn chat(
             p.max_tokens,
             p.sampling.clone(),
             top,
-            p.prompt_logprobs,
+            p.score(),
         )
         .map_err(|e| Reject(503, e.to_string()))?;
     let id = format!("chatcmpl-{}", uuid::Uuid::new_v4().simple());
@@ -247,10 +257,9 @@ async fn chat(
         .to_owned();
     if p.stream {
         let (tx, rx) = mpsc::channel::<Chunk>(64);
-        let model = model.clone();
         tokio::spawn(async move {
             stream(
-                &model,
+                &text,
                 &p,
                 &prompt,
                 !tools.is_empty(),
@@ -268,7 +277,7 @@ async fn chat(
         let Some(step) = steps.recv().await else {
             return reject(500, "the model thread stopped");
         };
-        a.step(model, &p, step).map_err(|e| Reject(500, e))?;
+        a.step(&text.vocab, &p, step).map_err(|e| Reject(500, e))?;
     }
     drop(steps); // ends a generation cut by a stop string
     let (content, calls) = if tools.is_empty() {

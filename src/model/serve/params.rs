@@ -1,7 +1,12 @@
-//! The generation parameters of a chat request (`n`, `temperature`,
-//! `top_p`, `top_k`, `seed`, `max_tokens` / `max_completion_tokens` against
-//! the context left, `stop`, `logprobs`, `top_logprobs`, `stream`,
-//! `return_token_ids`, vLLM's `prompt_logprobs`), checked: a bad one is a 400 as vLLM answers it.
+//! The generation parameters of a chat or completions request (`n`,
+//! `temperature`, `top_p`, `top_k`, `seed`, `max_tokens` /
+//! `max_completion_tokens` against the context left, `stop`, `logprobs`,
+//! `top_logprobs`, `echo`, `stream`, `return_token_ids`, vLLM's
+//! `prompt_logprobs`), checked: a bad one is a 400 as vLLM answers it.
+//!
+//! Completions differ: `logprobs` is the count of alternatives (0: the
+//! token's own), `max_tokens` defaults to 16 and may be 0 with `echo` (the
+//! prompt scored, nothing generated).
 
 use super::{reject, Reject};
 use crate::model::sample::Sampling;
@@ -11,7 +16,17 @@ use serde_json::{Map, Value};
 /// Most `top_logprobs` served (OpenAI's limit).
 const MAX_TOP_LOGPROBS: usize = 20;
 
-/// The generation parameters of a chat request, checked.
+/// Which API a request came in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Api {
+    Chat,
+    Completions,
+}
+
+/// Completions' default `max_tokens` (OpenAI's and vLLM's).
+const COMPLETIONS_MAX_TOKENS: usize = 16;
+
+/// The generation parameters of a request, checked.
 pub(super) struct Params {
     pub(super) stream: bool,
     pub(super) include_usage: bool,
@@ -23,7 +38,19 @@ pub(super) struct Params {
     /// vLLM's `prompt_logprobs`: score the prompt, with this many
     /// alternatives per token.
     pub(super) prompt_logprobs: Option<usize>,
+    /// Completions `echo`: the prompt comes first in the answer (with its
+    /// logprobs when `logprobs` is asked).
+    pub(super) echo: bool,
     pub(super) token_ids: bool,
+}
+
+impl Params {
+    /// Alternatives to score every prompt token with, when the prompt is
+    /// scored at all.
+    pub(super) fn score(&self) -> Option<usize> {
+        let echoed = (self.echo && self.logprobs).then_some(self.top_logprobs);
+        self.prompt_logprobs.max(echoed)
+    }
 }
 
 fn number(body: &Map<String, Value>, key: &str) -> Result<Option<f64>, Reject> {
@@ -38,9 +65,12 @@ fn number(body: &Map<String, Value>, key: &str) -> Result<Option<f64>, Reject> {
 
 pub(super) fn params(
     model: &Model,
+    api: Api,
     body: &Map<String, Value>,
     prompt_len: usize,
 ) -> Result<Params, Reject> {
+    let completions = api == Api::Completions;
+    let echo = completions && body.get("echo").and_then(Value::as_bool).unwrap_or(false);
     let flag = |k: &str| body.get(k).and_then(Value::as_bool).unwrap_or(false);
     if number(body, "n")?.is_some_and(|n| n != 1.0) {
         return reject(400, "the embedded model serves n = 1 only");
@@ -52,31 +82,46 @@ pub(super) fn params(
     }
     let top_k = number(body, "top_k")?.filter(|k| *k > 0.0).unwrap_or(0.0) as usize;
     let seed = number(body, "seed")?.map(|s| s as i64 as u64);
-    let room = model.context.saturating_sub(prompt_len);
+    let context = model.text().context;
+    let room = context.saturating_sub(prompt_len);
     if room == 0 {
         return reject(
             400,
             format!(
                 "This model's maximum context length is {} tokens. However, your request has {prompt_len} input tokens. Please reduce the length of the input messages.",
-                model.context
+                context
             ),
         );
     }
-    let asked = number(body, "max_completion_tokens")?.or(number(body, "max_tokens")?);
+    let asked = match api {
+        Api::Chat => number(body, "max_completion_tokens")?.or(number(body, "max_tokens")?),
+        Api::Completions => number(body, "max_tokens")?,
+    };
     let max_tokens = match asked {
-        Some(m) if m < 1.0 => return reject(400, "`max_tokens` must be at least 1"),
+        Some(m) if m == 0.0 && echo => 0,
+        Some(m) if m < 1.0 => {
+            return reject(
+                400,
+                if completions {
+                    "`max_tokens` must be at least 1 (0 with `echo`)"
+                } else {
+                    "`max_tokens` must be at least 1"
+                },
+            )
+        }
         Some(m) if m as usize > room => {
             return reject(
                 400,
                 format!(
                     "This model's maximum context length is {} tokens. However, you requested {} tokens ({prompt_len} in the messages, {} in the completion). Please reduce the length of the messages or completion.",
-                    model.context,
+                    context,
                     prompt_len + m as usize,
                     m as usize
                 ),
             )
         }
         Some(m) => m as usize,
+        None if completions => COMPLETIONS_MAX_TOKENS.min(room),
         None => model.options.default_max_tokens.min(room),
     };
     let stop = match body.get("stop") {
@@ -88,11 +133,30 @@ pub(super) fn params(
             .collect(),
         Some(_) => return reject(400, "`stop` must be a string or a list of strings"),
     };
-    let top_logprobs = number(body, "top_logprobs")?.unwrap_or(0.0) as usize;
+    // Completions `logprobs` is the count; chat's is a flag beside
+    // `top_logprobs`.
+    let (logprobs, top_logprobs) = match api {
+        Api::Chat => (
+            flag("logprobs"),
+            number(body, "top_logprobs")?.unwrap_or(0.0) as usize,
+        ),
+        Api::Completions => match number(body, "logprobs") {
+            Ok(None) => (false, 0),
+            Ok(Some(n)) if n >= 0.0 => (true, n as usize),
+            _ => return reject(400, "`logprobs` must be a non-negative integer"),
+        },
+    };
     if top_logprobs > MAX_TOP_LOGPROBS {
         return reject(
             400,
-            format!("`top_logprobs` must be at most {MAX_TOP_LOGPROBS}"),
+            format!(
+                "`{}` must be at most {MAX_TOP_LOGPROBS}",
+                if completions {
+                    "logprobs"
+                } else {
+                    "top_logprobs"
+                }
+            ),
         );
     }
     // vLLM takes an integer (pydantic also reads `true` as 1).
@@ -110,10 +174,14 @@ pub(super) fn params(
             None => return reject(400, "`prompt_logprobs` must be a non-negative integer"),
         },
     };
-    if prompt_logprobs.is_some() && flag("stream") {
+    if (prompt_logprobs.is_some() || (echo && logprobs)) && flag("stream") {
         return reject(
             400,
-            "`prompt_logprobs` are not available when `stream=True`.",
+            if prompt_logprobs.is_some() {
+                "`prompt_logprobs` are not available when `stream=True`."
+            } else {
+                "`echo` with `logprobs` is not available when `stream=True` on the embedded model."
+            },
         );
     }
     Ok(Params {
@@ -132,8 +200,9 @@ pub(super) fn params(
             seed,
         },
         stop: stop.into_iter().filter(|s| !s.is_empty()).collect(),
-        logprobs: flag("logprobs"),
+        logprobs,
         top_logprobs,
+        echo,
         token_ids: flag("return_token_ids"),
     })
 }

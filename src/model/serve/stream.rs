@@ -6,8 +6,9 @@ use super::answer::Answer;
 use super::params::Params;
 use super::{error_body, now, tool_call_json};
 use crate::http::Chunk;
+use crate::model::checkpoint::Text;
 use crate::model::tools::{self, Splitter};
-use crate::model::{Model, Step};
+use crate::model::Step;
 use bytes::Bytes;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -17,7 +18,7 @@ use tokio::sync::mpsc;
 /// back (a partial character, a possible tool call) ride on a later one.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn stream(
-    model: &Model,
+    text: &Text,
     p: &Params,
     prompt: &[u32],
     tools: bool,
@@ -65,7 +66,7 @@ pub(super) async fn stream(
         let Some(step) = steps.recv().await else {
             break;
         };
-        if let Err(e) = a.step(model, p, step) {
+        if let Err(e) = a.step(&text.vocab, p, step) {
             let _ = send(error_body(500, &e)).await;
             let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
             return;
