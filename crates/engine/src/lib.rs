@@ -16,6 +16,7 @@
 //! engine's answers match it to the token (the tests in
 //! `tests/python/test_embedded.py`).
 
+mod attention;
 pub mod quant;
 
 use quant::{Matrix, Prepared};
@@ -65,6 +66,9 @@ pub struct Engine {
     rope: Vec<(f32, f32)>,
     pool: rayon::ThreadPool,
 }
+
+/// Query rows whose attention is computed at once.
+const ATTENTION_ROWS: usize = 64;
 
 /// One sequence's keys and values, per layer, position after position.
 #[derive(Clone, Default)]
@@ -370,8 +374,12 @@ impl Engine {
             .with_min_len(few)
             .for_each(|(row, &t)| self.embed.dequantize_row(t as usize, row));
         let mut h = vec![0.0f32; n * dim];
-        let group = s.heads / s.kv_heads;
-        let scale = 1.0 / (hd as f32).sqrt();
+        let layout = attention::Layout {
+            heads: s.heads,
+            kv_heads: s.kv_heads,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
         for (li, layer) in self.layers.iter().enumerate() {
             h.par_chunks_mut(dim)
                 .zip(x.par_chunks(dim))
@@ -395,37 +403,24 @@ impl Engine {
                 c.v[li].extend_from_slice(vi);
             }
             let caches: Vec<&Cache> = batch.iter().map(|q| &*q.cache).collect();
+            let queries: Vec<attention::Query<'_>> = rows
+                .iter()
+                .zip(q.chunks_exact(dim))
+                .map(|(r, qi)| attention::Query {
+                    q: qi,
+                    k: &caches[r.seq].k[li],
+                    v: &caches[r.seq].v[li],
+                    len: r.pos + 1,
+                })
+                .collect();
             let mut att = vec![0.0f32; n * dim];
-            // A head's work grows with the positions it attends over.
-            let longest = rows.iter().map(|r| r.pos + 1).max().unwrap_or(1);
-            let heads_per_task = (32_768 / (longest * hd)).max(1);
-            att.par_chunks_mut(hd)
-                .enumerate()
-                .with_min_len(heads_per_task)
-                .for_each(|(i, out)| {
-                    let (t, head) = (i / s.heads, i % s.heads);
-                    let r = &rows[t];
-                    let (ck, cv) = (&caches[r.seq].k[li], &caches[r.seq].v[li]);
-                    let qh = &q[t * s.heads * hd + head * hd..][..hd];
-                    let off = (head / group) * hd;
-                    let simd = quant::simd();
-                    let mut w: Vec<f32> = (0..=r.pos)
-                        .map(|j| quant::dot(simd, qh, &ck[j * kvw + off..][..hd]) * scale)
-                        .collect();
-                    let max = w.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let mut sum = 0.0;
-                    for e in w.iter_mut() {
-                        *e = (*e - max).exp();
-                        sum += *e;
-                    }
-                    out.fill(0.0);
-                    for (j, e) in w.iter().enumerate() {
-                        let p = e / sum;
-                        for (o, vv) in out.iter_mut().zip(&cv[j * kvw + off..][..hd]) {
-                            *o += p * vv;
-                        }
-                    }
-                });
+            // Rows at a time, so that the spans' partial results stay small.
+            for (qs, out) in queries
+                .chunks(ATTENTION_ROWS)
+                .zip(att.chunks_mut(ATTENTION_ROWS * dim))
+            {
+                attention::attend(&layout, qs, out);
+            }
             let [o] = self.matmul([&layer.o], &att, n);
             let elems = few * dim;
             x.par_iter_mut()

@@ -330,6 +330,22 @@ pub fn dot(simd: Simd, a: &[f32], b: &[f32]) -> f32 {
     a[..n].iter().zip(&b[..n]).map(|(x, y)| x * y).sum()
 }
 
+/// `y += a·x` in f32 (fused multiply-adds where the CPU has them).
+pub fn axpy(simd: Simd, a: f32, x: &[f32], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    #[cfg(target_arch = "x86_64")]
+    match simd {
+        // SAFETY: the instructions are present; both slices hold `n` values.
+        Simd::Avx512 => return unsafe { avx512::axpy(a, &x[..n], &mut y[..n]) },
+        Simd::Avx2 => return unsafe { avx2::axpy(a, &x[..n], &mut y[..n]) },
+        Simd::None => {}
+    }
+    let _ = simd;
+    for (y, x) in y[..n].iter_mut().zip(&x[..n]) {
+        *y += a * x;
+    }
+}
+
 /// The vector instructions this CPU offers the kernels.
 pub fn simd() -> Simd {
     static SIMD: std::sync::OnceLock<Simd> = std::sync::OnceLock::new();
@@ -443,6 +459,23 @@ mod avx2 {
         }
         s
     }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+        let n = x.len().min(y.len());
+        let (xp, yp) = (x.as_ptr(), y.as_mut_ptr());
+        let av = _mm256_set1_ps(a);
+        let mut i = 0;
+        while i + 8 <= n {
+            let r = _mm256_fmadd_ps(av, _mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(yp.add(i)));
+            _mm256_storeu_ps(yp.add(i), r);
+            i += 8;
+        }
+        while i < n {
+            *yp.add(i) = a.mul_add(*xp.add(i), *yp.add(i));
+            i += 1;
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -533,6 +566,23 @@ mod avx512 {
         }
         s
     }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+        let n = x.len().min(y.len());
+        let (xp, yp) = (x.as_ptr(), y.as_mut_ptr());
+        let av = _mm512_set1_ps(a);
+        let mut i = 0;
+        while i + 16 <= n {
+            let r = _mm512_fmadd_ps(av, _mm512_loadu_ps(xp.add(i)), _mm512_loadu_ps(yp.add(i)));
+            _mm512_storeu_ps(yp.add(i), r);
+            i += 16;
+        }
+        while i < n {
+            *yp.add(i) = a.mul_add(*xp.add(i), *yp.add(i));
+            i += 1;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -609,6 +659,28 @@ mod tests {
                         (got - want).abs() <= 1e-5 * want.abs().max(1.0),
                         "{format:?} row {r}: {got} vs {want}"
                     );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn dot_and_axpy_agree_at_every_level() {
+        // Lengths that leave tails after the vectors.
+        for n in [1, 7, 64, 67, 100] {
+            let a: Vec<f32> = (0..n).map(|i| ((i * 13 % 17) as f32 - 8.0) / 5.0).collect();
+            let b: Vec<f32> = (0..n).map(|i| ((i * 7 % 11) as f32 - 5.0) / 3.0).collect();
+            let want: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+            for level in std::iter::once(Simd::None).chain(supported_levels()) {
+                let got = dot(level, &a, &b) as f64;
+                assert!(
+                    (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+                    "{level:?} n={n}"
+                );
+                let mut y = b.clone();
+                axpy(level, 0.75, &a, &mut y);
+                for ((yi, ai), bi) in y.iter().zip(&a).zip(&b) {
+                    assert!((yi - (bi + 0.75 * ai)).abs() <= 1e-6, "{level:?} n={n}");
                 }
             }
         }
