@@ -445,3 +445,18 @@ def test_a_full_queue_is_refused_at_once(tmp_path, gguf):
     rows = h.read_calls_arrow(p.shards)
     assert sorted(r["http_status"] for r in rows) == statuses
     assert {r["failure_class"] for r in rows if r["http_status"] == 503} == {"upstream_server_error"}
+
+
+def test_update_weights_from_disk_checks_its_request(served, gguf):
+    """SGLang's endpoint on the model server: a bad request changes nothing;
+    the same file again is a reload that answers as before."""
+    before = chat(served, {"messages": CONVERSATIONS[0], "temperature": 0, "max_tokens": 8})
+    for bad, needle in [({"model_path": ""}, "model_path"), ({"model_path": str(gguf), "bogus": 1}, "unknown field"),
+                        ({"model_path": str(gguf), "force": "yes"}, "`force`"),
+                        ({"model_path": str(gguf), "load_format": "dummy"}, "load_format")]:
+        r = h.post_json(served, "/update_weights_from_disk", bad)
+        assert r.status == 400 and r.json()["success"] is False and needle in r.json()["message"], (bad, r.body)
+    r = h.post_json(served, "/update_weights_from_disk", {"model_path": str(gguf)}, timeout=300)
+    assert r.status == 200 and r.json()["success"] is True, r.body
+    after = chat(served, {"messages": CONVERSATIONS[0], "temperature": 0, "max_tokens": 8})
+    assert after["choices"][0]["message"] == before["choices"][0]["message"]

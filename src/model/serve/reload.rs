@@ -57,7 +57,11 @@ pub(super) async fn update_weights_from_disk(
             "load_format {f}: the embedded model reads the format from the path (\"auto\")"
         ));
     }
-    let force = body.get("force").and_then(Value::as_bool).unwrap_or(false);
+    let force = match body.get("force") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => return failed(format!("`force` must be true or false, not {other}")),
+    };
     let path = PathBuf::from(path);
     let m = model.clone();
     let done = tokio::task::spawn_blocking(move || m.reload(&path, force)).await;
