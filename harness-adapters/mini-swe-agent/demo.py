@@ -53,6 +53,23 @@ TASKS = [
 ]
 
 
+# The 135M embedded model never learned tool calls (it writes one when told
+# to copy it, not otherwise), but it does write ``` blocks. With it,
+# mini-swe-agent runs in its own text-based mode (mini_textbased.yaml),
+# taking an answer's first ``` block as the command (when it is not
+# tagged as another language), with or without
+# the `mswea_bash_command` tag that the small model drops. A real model
+# (ROLLCALL_UPSTREAM) keeps the tool-calling mode.
+TEXT_MODE = ["-c", "mini_textbased.yaml", "-c", "model.model_class=litellm_textbased",
+             "-c", r"model.action_regex=\A(?:(?!```).)*```(?:mswea_bash_command|bash|sh)?[ \t]*\n(.*?)\n```"]
+
+
+def harness_args(a) -> list[str]:
+    # The step limit last: mini_textbased.yaml sets one of its own (none).
+    args = [*([] if os.environ.get("ROLLCALL_UPSTREAM") else TEXT_MODE), "-c", f"agent.step_limit={a.step_limit}"]
+    return [f"--harness-arg={x}" for x in args]
+
+
 def start_proxy(cmd: list[str], log: Path) -> tuple[subprocess.Popen, str]:
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True)
     line = p.stdout.readline().strip()
@@ -80,8 +97,7 @@ def run_batch(a, proxy: str, model: str, shards: Path, out: Path) -> None:
     cmd = [a.bin, "batch", "--tasks", a.batch, "--harness", "mini-swe-agent", "--model", model,
            "--samples", str(a.rollouts_per_task), "--concurrency", str(a.concurrency),
            "--proxy", proxy, "--shards", str(shards), "--out", str(out / "batch"), "--name", "demo",
-           "--prefix", a.harness_dir, "--timeout", "900",
-           "--harness-arg=-c", f"--harness-arg=agent.step_limit={a.step_limit}"]
+           "--prefix", a.harness_dir, "--timeout", "900", *harness_args(a)]
     print(f"rollcall batch: {a.batch}, {a.rollouts_per_task} sample(s) per task, {a.concurrency} containers at a time")
     r = subprocess.run(cmd)
     if r.returncode != 0:
@@ -138,8 +154,7 @@ def main() -> None:
                     r = subprocess.run(
                         [a.bin, "run", "--harness", "mini-swe-agent", "--rollout", rollout, "--model", model,
                          "--workdir", str(workdir), "--proxy", proxy, "--prefix", a.harness_dir,
-                         "--timeout", "900", "--check", task["check"],
-                         "--harness-arg=-c", f"--harness-arg=agent.step_limit={a.step_limit}",
+                         "--timeout", "900", "--check", task["check"], *harness_args(a),
                          "--metadata", json.dumps({"task_id": task["id"]}),
                          "--", task["task"]],
                         stdout=f, stderr=subprocess.STDOUT)
@@ -156,6 +171,7 @@ def main() -> None:
     print(duckdb.sql(f"""
         select r.rollout_id, r.status, r.reward, count(c.call_id) as calls,
                count(c.call_id) filter (where c.tool_calls is not null and c.tool_calls != '[]') as with_tool_calls,
+               max(len(regexp_extract_all(c.messages, '<returncode>|"role": ?"tool"'))) as commands_run,
                sum(c.prompt_tokens) as prompt_tokens, sum(c.completion_tokens) as completion_tokens,
                round(sum(epoch_us(c.done_at) - epoch_us(c.received_at)) / 1e6, 1) as model_s
         from {rollouts} r left join {calls} c using (rollout_id)
@@ -165,6 +181,11 @@ def main() -> None:
                count(*) filter (where completion_token_ids is not null),
                (select count(*) from {rollouts} where reward = 1.0)
         from {calls}""").fetchone()
+    ran = duckdb.sql(f"""
+        select count(*) filter (where n > 0), coalesce(sum(n), 0) from (
+            select rollout_id, max(len(regexp_extract_all(messages, '<returncode>|"role": ?"tool"'))) as n
+            from {calls} group by rollout_id)""").fetchone()
+    print(f"{ran[0]} of {n_roll} rollouts had a command executed ({ran[1]} commands whose output the model saw)")
     print(f"{n_roll} rollouts, {solved} solved; {n_calls} calls, {p_tok} prompt + {c_tok} completion tokens; "
           f"{with_ids} calls with token ids and logprobs")
     print("\n== Shard files ==")
