@@ -11,7 +11,14 @@ HTTP API, and printed as a table with the ratio.
   last token) after those prompts;
 - aggregate decode: 1, 4 and 8 streams at once (rollcall decodes them in
   one batch; llama-cpp-python's server takes one at a time);
+- new weights from the same GGUF file: rollcall's hot reload while it
+  serves (`POST /update_weights_from_disk`) beside what llama.cpp's server
+  offers instead, a restart (start to first answer);
 - peak RSS of each server.
+
+A Hugging Face checkpoint directory (the same model written by
+transformers) is reloaded too when transformers is installed; llama.cpp's
+server cannot read one, so that row has no ratio.
 
 Kernels: rollcall picks AVX-512 or AVX2 at run time; the cached llama.cpp
 wheel is a portable AVX2 build (`LLAMACPP_CMAKE_ARGS` in the Makefile). Set
@@ -122,6 +129,49 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def reload(url: str, path: str) -> float:
+    """Seconds rollcall takes to put the weights at `path` in place."""
+    started = time.time()
+    req = urllib.request.Request(url + "/update_weights_from_disk", json.dumps({"model_path": path}).encode(),
+                                 {"Content-Type": "application/json"})
+    answer = json.load(urllib.request.urlopen(req, timeout=600))
+    if not answer.get("success"):
+        sys.exit(f"engine bench: the reload failed: {answer}")
+    return time.time() - started
+
+
+def restart(cmd: list[str], url: str, log: Path) -> float:
+    """Seconds from starting a server to its first answer."""
+    started = time.time()
+    p = subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    try:
+        wait_ready(url, p, "llama.cpp (restart)")
+        return time.time() - started
+    finally:
+        p.terminate()
+        p.wait(10)
+
+
+def hf_directory(model: str, out: Path) -> str | None:
+    """The GGUF model written as a Hugging Face checkpoint by transformers."""
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        return None
+    g = Path(model)
+    tok = transformers.AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(g.parent), gguf_file=g.name, dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    plain = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(loaded.state_dict())
+    plain.save_pretrained(out)
+    tok.save_pretrained(out)
+    return str(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=str(REPO / "target/release/rollcall"))
@@ -139,9 +189,9 @@ def main() -> None:
     ours = subprocess.Popen([args.bin, "model", "serve", "--listen", f"127.0.0.1:{rc_port}", "--model-file", model,
                              "--threads", str(args.threads), "--kv-slots", "8"],
                             stdout=open(logs / "rollcall.log", "w"), stderr=subprocess.STDOUT)
-    theirs = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", model, "--port", str(lc_port),
-                               "--n_threads", str(args.threads), "--n_ctx", "4096"],
-                              stdout=open(logs / "llama.log", "w"), stderr=subprocess.STDOUT)
+    llama = [sys.executable, "-m", "llama_cpp.server", "--model", model, "--port", str(lc_port),
+             "--n_threads", str(args.threads), "--n_ctx", "4096"]
+    theirs = subprocess.Popen(llama, stdout=open(logs / "llama.log", "w"), stderr=subprocess.STDOUT)
     servers = {"rollcall": (f"http://127.0.0.1:{rc_port}", ours), "llama.cpp": (f"http://127.0.0.1:{lc_port}", theirs)}
     try:
         for name, (url, proc) in servers.items():
@@ -162,6 +212,17 @@ def main() -> None:
             r = {name: aggregate(url, k, f"{salt}-a{k}-{name}") for name, (url, _) in servers.items()}
             rows.append((f"{k} streams at once, in all (tokens/s)", r))
         rows.append(("peak RSS (MB)", {name: peak_rss_mb(p.pid) for name, (_, p) in servers.items()}))
+        rc_url = servers["rollcall"][0]
+        hot = reload(rc_url, model)
+        theirs.terminate()
+        theirs.wait(10)
+        rows.append(("new weights, GGUF: hot reload / restart (s)",
+                     {"rollcall": hot, "llama.cpp": restart(llama, f"http://127.0.0.1:{lc_port}", logs / "llama2.log")}))
+        directory = hf_directory(model, logs / "hf")
+        if directory:
+            rows.append(("new weights, HF safetensors directory (s)",
+                         {"rollcall": reload(rc_url, directory), "llama.cpp": float("nan")}))
+            reload(rc_url, model)
     finally:
         for _, (_, p) in servers.items():
             p.terminate()
@@ -175,7 +236,9 @@ def main() -> None:
     print(f"{'':44} {'rollcall':>10} {'llama.cpp':>10} {'ratio':>7}")
     for label, r in rows:
         a, b = r["rollcall"], r["llama.cpp"]
-        print(f"{label:44} {a:10.1f} {b:10.1f} {a / b:7.2f}")
+        digits = 2 if "(s)" in label else 1
+        ratio = f"{a / b:7.2f}" if b == b else f"{'-':>7}"
+        print(f"{label:44} {a:10.{digits}f} {b:10.{digits}f} {ratio}")
 
 
 if __name__ == "__main__":
