@@ -142,7 +142,7 @@ bench-tools:
 # dataset export over 1,000,000 generated call rows (rows/s, peak RSS),
 # then the embedded model's prefill and decode tokens/s, alone and beside
 # llama.cpp's server on the same file.
-bench: bench-tools $(LITELLM_VENV)/.installed $(VENV)/.llamacpp-installed model harnesses
+bench: bench-tools $(LITELLM_VENV)/.installed $(VENV)/.llamacpp-installed $(VENV)/.model-installed model harnesses
 	cargo bench --bench record
 	cargo bench --bench compare
 	cargo bench --bench export

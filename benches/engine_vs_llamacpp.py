@@ -158,6 +158,8 @@ def hf_directory(model: str, out: Path) -> str | None:
         import torch
         import transformers
     except ImportError:
+        print("engine bench: transformers is missing from this venv (make bench installs it): "
+              "no safetensors-directory reload row", file=sys.stderr)
         return None
     g = Path(model)
     tok = transformers.AutoTokenizer.from_pretrained(str(g.parent), gguf_file=g.name)
