@@ -46,13 +46,91 @@ struct Part {
     acc: Vec<f32>,
 }
 
-fn part(
-    l: &Layout,
-    query: &Query<'_>,
-    kvh: usize,
-    span: std::ops::Range<usize>,
-    simd: Simd,
-) -> Part {
+/// The vector operations a span is computed with. The SIMD ones are only
+/// ever called from a function compiled for their instructions (below),
+/// where they inline into the loops.
+trait Ops {
+    fn dot(a: &[f32], b: &[f32]) -> f32;
+    fn axpy(a: f32, x: &[f32], y: &mut [f32]);
+}
+
+struct Portable;
+
+impl Ops for Portable {
+    #[inline(always)]
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        quant::dot(Simd::None, a, b)
+    }
+    #[inline(always)]
+    fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+        quant::axpy(Simd::None, a, x, y)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+struct Avx2;
+
+#[cfg(target_arch = "x86_64")]
+impl Ops for Avx2 {
+    #[inline(always)]
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        // SAFETY: called only from `part_avx2`, which runs where AVX2 and
+        // FMA are present.
+        unsafe { quant::avx2::dot(a, b) }
+    }
+    #[inline(always)]
+    fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+        // SAFETY: as for `dot`.
+        unsafe { quant::avx2::axpy(a, x, y) }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+struct Avx512;
+
+#[cfg(target_arch = "x86_64")]
+impl Ops for Avx512 {
+    #[inline(always)]
+    fn dot(a: &[f32], b: &[f32]) -> f32 {
+        // SAFETY: called only from `part_avx512`, which runs where
+        // AVX-512F is present.
+        unsafe { quant::avx512::dot(a, b) }
+    }
+    #[inline(always)]
+    fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+        // SAFETY: as for `dot`.
+        unsafe { quant::avx512::axpy(a, x, y) }
+    }
+}
+
+type Span = std::ops::Range<usize>;
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn part_avx2(l: &Layout, query: &Query<'_>, kvh: usize, span: Span) -> Part {
+    part_with::<Avx2>(l, query, kvh, span)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn part_avx512(l: &Layout, query: &Query<'_>, kvh: usize, span: Span) -> Part {
+    part_with::<Avx512>(l, query, kvh, span)
+}
+
+fn part(l: &Layout, query: &Query<'_>, kvh: usize, span: Span, simd: Simd) -> Part {
+    #[cfg(target_arch = "x86_64")]
+    match simd {
+        // SAFETY: `simd` names instructions this CPU has (`quant::simd`).
+        Simd::Avx512 => return unsafe { part_avx512(l, query, kvh, span) },
+        Simd::Avx2 => return unsafe { part_avx2(l, query, kvh, span) },
+        Simd::None => {}
+    }
+    let _ = simd;
+    part_with::<Portable>(l, query, kvh, span)
+}
+
+#[inline(always)]
+fn part_with<O: Ops>(l: &Layout, query: &Query<'_>, kvh: usize, span: Span) -> Part {
     let (hd, group) = (l.head_dim, l.heads / l.kv_heads);
     let kvw = l.kv_heads * hd;
     let off = kvh * hd;
@@ -63,7 +141,7 @@ fn part(
         let key = &query.k[pos * kvw + off..][..hd];
         for g in 0..group {
             let qh = &query.q[(kvh * group + g) * hd..][..hd];
-            w[g * n + j] = quant::dot(simd, qh, key) * l.scale;
+            w[g * n + j] = O::dot(qh, key) * l.scale;
         }
     }
     let mut max = vec![f32::NEG_INFINITY; group];
@@ -80,7 +158,7 @@ fn part(
     for (j, pos) in span.enumerate() {
         let value = &query.v[pos * kvw + off..][..hd];
         for g in 0..group {
-            quant::axpy(simd, w[g * n + j], value, &mut acc[g * hd..(g + 1) * hd]);
+            O::axpy(w[g * n + j], value, &mut acc[g * hd..(g + 1) * hd]);
         }
     }
     Part { max, sum, acc }
@@ -88,8 +166,11 @@ fn part(
 
 /// Attention for every row: `out` holds `heads·head_dim` values per row.
 pub fn attend(l: &Layout, queries: &[Query<'_>], out: &mut [f32]) {
+    attend_with(l, queries, out, quant::simd())
+}
+
+fn attend_with(l: &Layout, queries: &[Query<'_>], out: &mut [f32], simd: Simd) {
     let (hd, group) = (l.head_dim, l.heads / l.kv_heads);
-    let simd = quant::simd();
     // Every (row, key/value head, span), in order.
     let tasks: Vec<(usize, usize, usize)> = queries
         .iter()
@@ -140,6 +221,21 @@ pub fn attend(l: &Layout, queries: &[Query<'_>], out: &mut [f32]) {
 mod tests {
     use super::*;
 
+    /// The kernel levels this CPU runs.
+    fn levels() -> Vec<Simd> {
+        let mut l = vec![Simd::None];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                l.push(Simd::Avx2);
+            }
+            if std::is_x86_feature_detected!("avx512f") {
+                l.push(Simd::Avx512);
+            }
+        }
+        l
+    }
+
     /// Plain softmax attention in f64.
     fn reference(l: &Layout, q: &Query<'_>) -> Vec<f64> {
         let (hd, group, kvw) = (l.head_dim, l.heads / l.kv_heads, l.kv_heads * l.head_dim);
@@ -187,13 +283,16 @@ mod tests {
                 v: &v,
                 len,
             };
-            let mut out = vec![0.0; l.heads * l.head_dim];
-            attend(&l, std::slice::from_ref(&query), &mut out);
-            for (got, want) in out.iter().zip(reference(&l, &query)) {
-                assert!(
-                    (*got as f64 - want).abs() < 1e-4,
-                    "len {len}: {got} vs {want}"
-                );
+            let want = reference(&l, &query);
+            for simd in levels() {
+                let mut out = vec![0.0; l.heads * l.head_dim];
+                attend_with(&l, std::slice::from_ref(&query), &mut out, simd);
+                for (got, want) in out.iter().zip(&want) {
+                    assert!(
+                        (*got as f64 - want).abs() < 1e-4,
+                        "{simd:?} len {len}: {got} vs {want}"
+                    );
+                }
             }
         }
     }

@@ -353,7 +353,7 @@ pub fn simd() -> Simd {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     use super::BLOCK;
     use std::arch::x86_64::*;
 
@@ -479,7 +479,7 @@ mod avx2 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(crate) mod avx512 {
     use super::BLOCK;
     use std::arch::x86_64::*;
 
