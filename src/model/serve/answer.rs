@@ -111,6 +111,23 @@ impl Answer {
         Ok(())
     }
 
+    /// Take in a whole generation; the receiver is dropped at its end,
+    /// which ends a generation cut by a stop string.
+    pub(super) async fn whole(
+        vocab: &Vocab,
+        p: &Params,
+        mut steps: tokio::sync::mpsc::UnboundedReceiver<Step>,
+    ) -> Result<Answer, super::Reject> {
+        let mut a = Answer::new();
+        while a.finish.is_none() {
+            let Some(step) = steps.recv().await else {
+                return super::reject(500, "the model thread stopped");
+            };
+            a.step(vocab, p, step).map_err(|e| super::Reject(500, e))?;
+        }
+        Ok(a)
+    }
+
     pub(super) fn usage(&self, prompt: &[u32]) -> Value {
         json!({
             "prompt_tokens": prompt.len(),

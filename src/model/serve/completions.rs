@@ -14,7 +14,7 @@
 
 use super::answer::Answer;
 use super::params::{params, Api, Params};
-use super::{error_body, json_response, now, reject, respond, Reject};
+use super::{begin, error_body, json_response, now, reject, respond, sse, Reject};
 use crate::http::{Chunk, ProxyBody};
 use crate::model::checkpoint::Text;
 use crate::model::{Model, Step};
@@ -110,36 +110,14 @@ pub(super) async fn completions(
     let text = model.text();
     let prompt = prompt_ids(&text, body)?;
     let p = params(model, Api::Completions, body, prompt.len())?;
-    let top = if p.logprobs { p.top_logprobs } else { 0 };
-    let mut steps = model
-        .generate(
-            prompt.clone(),
-            None,
-            p.max_tokens,
-            p.sampling.clone(),
-            top,
-            p.score(),
-        )
-        .map_err(|e| Reject(503, e.to_string()))?;
+    let (mut steps, name) = begin(model, body, &prompt, None, &p)?;
     let id = format!("cmpl-{}", uuid::Uuid::new_v4().simple());
-    let name = body
-        .get("model")
-        .and_then(Value::as_str)
-        .unwrap_or(&model.name)
-        .to_owned();
     if p.stream {
         let (tx, rx) = mpsc::channel::<Chunk>(64);
         tokio::spawn(async move { stream(&text, &p, &prompt, &id, &name, &mut steps, tx).await });
         return Ok(respond(200, ProxyBody::Stream(rx), "text/event-stream"));
     }
-    let mut a = Answer::new();
-    while a.finish.is_none() {
-        let Some(step) = steps.recv().await else {
-            return reject(500, "the model thread stopped");
-        };
-        a.step(&text.vocab, &p, step).map_err(|e| Reject(500, e))?;
-    }
-    drop(steps); // ends a generation cut by a stop string
+    let mut a = Answer::whole(&text.vocab, &p, steps).await?;
     let prompt_text = if p.echo {
         text.vocab
             .decode(&prompt, false)
@@ -188,14 +166,7 @@ async fn stream(
     tx: mpsc::Sender<Chunk>,
 ) {
     let created = now();
-    let send = |v: Value| {
-        let tx = tx.clone();
-        async move {
-            tx.send(Ok(Bytes::from(format!("data: {v}\n\n"))))
-                .await
-                .is_ok()
-        }
-    };
+    let send = |v: Value| sse(&tx, v);
     let chunk = |piece: &str, ids: &[u32], a: &Answer, from: usize, finish: Value| {
         let logprobs = p.logprobs.then(|| {
             let tokens: Vec<_> = ids

@@ -230,6 +230,42 @@ fn tool_call_json(i: usize, c: &tools::ToolCall) -> Value {
         "function": {"name": c.name, "arguments": c.arguments}})
 }
 
+/// Queue the generation a checked request asks for; its steps, and the
+/// model name the answer gives (the request's, else the served one).
+fn begin(
+    model: &Model,
+    body: &Map<String, Value>,
+    prompt: &[u32],
+    checkpoint: Option<usize>,
+    p: &params::Params,
+) -> Result<(mpsc::UnboundedReceiver<super::Step>, String), Reject> {
+    let top = if p.logprobs { p.top_logprobs } else { 0 };
+    let steps = model
+        .generate(
+            prompt.to_vec(),
+            checkpoint,
+            p.max_tokens,
+            p.sampling.clone(),
+            top,
+            p.score(),
+        )
+        .map_err(|e| Reject(503, e.to_string()))?;
+    let name = body
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or(&model.name)
+        .to_owned();
+    Ok((steps, name))
+}
+
+/// Send one server-sent event's `data:` line; false once the client has
+/// gone away.
+async fn sse(tx: &mpsc::Sender<Chunk>, v: Value) -> bool {
+    tx.send(Ok(bytes::Bytes::from(format!("data: {v}\n\n"))))
+        .await
+        .is_ok()
+}
+
 async fn chat(
     model: &Arc<Model>,
     body: &Map<String, Value>,
@@ -238,23 +274,8 @@ async fn chat(
     let text = model.text();
     let (prompt, checkpoint) = chat_prompt(&text, body, &tools)?;
     let p = params(model, Api::Chat, body, prompt.len())?;
-    let top = if p.logprobs { p.top_logprobs } else { 0 };
-    let mut steps = model
-        .generate(
-            prompt.clone(),
-            checkpoint,
-            p.max_tokens,
-            p.sampling.clone(),
-            top,
-            p.score(),
-        )
-        .map_err(|e| Reject(503, e.to_string()))?;
+    let (mut steps, name) = begin(model, body, &prompt, checkpoint, &p)?;
     let id = format!("chatcmpl-{}", uuid::Uuid::new_v4().simple());
-    let name = body
-        .get("model")
-        .and_then(Value::as_str)
-        .unwrap_or(&model.name)
-        .to_owned();
     if p.stream {
         let (tx, rx) = mpsc::channel::<Chunk>(64);
         tokio::spawn(async move {
@@ -272,14 +293,7 @@ async fn chat(
         });
         return Ok(respond(200, ProxyBody::Stream(rx), "text/event-stream"));
     }
-    let mut a = Answer::new();
-    while a.finish.is_none() {
-        let Some(step) = steps.recv().await else {
-            return reject(500, "the model thread stopped");
-        };
-        a.step(&text.vocab, &p, step).map_err(|e| Reject(500, e))?;
-    }
-    drop(steps); // ends a generation cut by a stop string
+    let mut a = Answer::whole(&text.vocab, &p, steps).await?;
     let (content, calls) = if tools.is_empty() {
         (a.text.clone(), Vec::new())
     } else {

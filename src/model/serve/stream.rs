@@ -4,7 +4,7 @@
 
 use super::answer::Answer;
 use super::params::Params;
-use super::{error_body, now, tool_call_json};
+use super::{error_body, now, sse, tool_call_json};
 use crate::http::Chunk;
 use crate::model::checkpoint::Text;
 use crate::model::tools::{self, Splitter};
@@ -35,14 +35,7 @@ pub(super) async fn stream(
         choice["token_ids"] = if p.token_ids { json!(ids) } else { Value::Null };
         json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": name, "choices": [choice]})
     };
-    let send = |v: Value| {
-        let tx = tx.clone();
-        async move {
-            tx.send(Ok(Bytes::from(format!("data: {v}\n\n"))))
-                .await
-                .is_ok()
-        }
-    };
+    let send = |v: Value| sse(&tx, v);
     let mut first = chunk(
         json!({"role": "assistant", "content": ""}),
         Value::Null,
