@@ -15,6 +15,7 @@ pub mod grade;
 pub mod harness;
 pub mod http;
 pub mod model;
+pub mod recipe;
 pub mod record;
 pub mod redact;
 pub mod rollout;

@@ -20,6 +20,8 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
     ("harness", &["server"]),
     // The rollout engine talks to the proxy over HTTP only.
     ("rollout", &["server", "upstream", "app", "cli"]),
+    // So do the recipes (teachers and judges are model servers).
+    ("recipe", &["server", "upstream", "app", "cli", "rollout"]),
 ];
 
 /// Modules that import nothing of the crate: the ground floor.

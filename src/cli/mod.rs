@@ -8,6 +8,7 @@ mod grade;
 mod harness;
 mod model;
 mod run;
+mod score;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -63,6 +64,9 @@ enum Command {
     /// Grade a test log for a SWE-bench task instance as swebench 4.1.0
     /// does (JSON on stdout), or print the scripts a grading container runs.
     Grade(grade::Grade),
+    /// Score the recorded calls' completion tokens with a teacher model
+    /// (on-policy distillation): teacher logprobs into the shards.
+    Score(score::Score),
 }
 
 fn init_logs(format: &str) {
@@ -118,6 +122,7 @@ pub fn main() -> ExitCode {
             Command::Run(r) => r.run().await,
             Command::Batch(b) => b.run().await,
             Command::Model { command } => model::run(command).await,
+            Command::Score(s) => s.run().await,
             Command::Harness { .. }
             | Command::Export { .. }
             | Command::Import { .. }

@@ -229,6 +229,9 @@ pub struct Report {
     pub skipped_no_token_ids: usize,
     /// RL: sampled tokens whose logprob was not recorded (written as NaN).
     pub missing_logprobs: usize,
+    /// RL: sampled tokens of scored segments without a teacher logprob
+    /// (their call was not scored; written as NaN).
+    pub missing_teacher_logprobs: usize,
     pub segments: usize,
     pub mismatches: usize,
     /// Segments dropped by the filters.

@@ -23,6 +23,7 @@ mod recorder;
 pub mod replay;
 mod rollout_id;
 pub mod row;
+pub mod score;
 pub mod shard;
 pub mod wal;
 
@@ -35,6 +36,7 @@ pub(crate) use recorder::WalMsg;
 pub use recorder::{Recorder, RecorderTask};
 pub use rollout_id::{check_rollout_id, InvalidRolloutId};
 pub use row::{CallRow, RolloutRow};
+pub use score::ScoreRow;
 
 /// Version of the shard schema, also written into each file's metadata.
 pub const SCHEMA_VERSION: i32 = 2;

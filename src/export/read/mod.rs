@@ -61,6 +61,20 @@ pub struct CallRec {
     /// Messages in the call's history, kept when `messages` is dropped on
     /// reading (the RL export's `Pass::tokens_only`).
     pub history_len: Option<i64>,
+    /// The teacher's logprob of each completion token (`rollcall score`),
+    /// from the latest `scores/` row of the call.
+    pub teacher_logprobs: Option<Vec<f64>>,
+}
+
+/// One teacher score (a `scores/` row): what the exports join to its call.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ScoreRec {
+    pub rollout_id: String,
+    pub sequence: i64,
+    /// Who scored it (the `teacher` column).
+    pub teacher: String,
+    pub scored_at: i64,
+    pub logprobs: Vec<f64>,
 }
 
 impl CallRec {
@@ -281,6 +295,46 @@ pub fn for_each_call(
                         .is_some_and(|c| c.is_valid(i) && c.value(i)),
                     history_len: None,
                     continued: str_at(col(&b, "continued"), i),
+                    teacher_logprobs: None,
+                })?;
+                n += 1;
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// Stream every teacher score of the shards in `dir` (none when there is no
+/// `scores/` folder) to `each`.
+pub fn for_each_score(
+    dir: &Path,
+    mut each: impl FnMut(ScoreRec) -> Result<(), ExportError>,
+) -> Result<usize, ExportError> {
+    let mut n = 0;
+    let cols = [
+        "rollout_id",
+        "sequence",
+        "teacher",
+        "scored_at",
+        "teacher_logprobs",
+    ];
+    for path in list_shards(dir, "scores").map_err(|e| shard_err(&dir.join("scores"), e))? {
+        for batch in open_projected(&path, &cols)? {
+            let b = batch.map_err(|e| shard_err(&path, e))?;
+            for i in 0..b.num_rows() {
+                let (Some(rollout_id), Some(sequence), Some(logprobs)) = (
+                    str_at(col(&b, "rollout_id"), i),
+                    i64_at(col(&b, "sequence"), i),
+                    f64s_at(col(&b, "teacher_logprobs"), i),
+                ) else {
+                    continue;
+                };
+                each(ScoreRec {
+                    rollout_id,
+                    sequence,
+                    teacher: str_at(col(&b, "teacher"), i).unwrap_or_default(),
+                    scored_at: i64_at(col(&b, "scored_at"), i).unwrap_or(0),
+                    logprobs,
                 })?;
                 n += 1;
             }

@@ -3,8 +3,8 @@
 //! a partition split into rollouts ordered by (group, rollout id)
 //! ([`by_group`]).
 
-use super::spill::{decode, encode};
-use super::{count_calls, for_each_call, CallRec, RolloutInfo};
+use super::spill::{decode, decode_score, encode, encode_score};
+use super::{count_calls, for_each_call, for_each_score, CallRec, RolloutInfo, ScoreRec};
 use crate::export::progress::Progress;
 use crate::export::ExportError;
 use std::collections::{BTreeMap, HashMap};
@@ -52,8 +52,10 @@ pub fn stable_hash(s: &str) -> u64 {
 /// Calls grouped by partition: in memory when there is one, else in spill
 /// files under a scratch directory removed on drop.
 pub struct Partitions {
-    memory: Option<Vec<CallRec>>,
+    memory: Option<(Vec<CallRec>, Vec<ScoreRec>)>,
     files: Vec<PathBuf>,
+    /// Each partition's teacher scores (`scores/`), beside its calls.
+    score_files: Vec<PathBuf>,
     scratch: Option<PathBuf>,
     pub rows: usize,
 }
@@ -73,7 +75,8 @@ impl Partitions {
     /// Read every call of `dir`, keeping those `keep` accepts (it may also
     /// trim what is kept), into partitions by the hash of their rollout's
     /// group (spilled under `scratch` when there are several), counting
-    /// each call read.
+    /// each call read. The teacher scores go to the same partitions as
+    /// their calls, and [`Partitions::take`] joins them.
     pub fn load(
         dir: &Path,
         scratch: &Path,
@@ -94,9 +97,15 @@ impl Partitions {
                 }
                 Ok(())
             })?;
+            let mut scores = Vec::new();
+            for_each_score(dir, |s| {
+                scores.push(s);
+                Ok(())
+            })?;
             return Ok(Partitions {
-                memory: Some(v),
+                memory: Some((v, scores)),
                 files: vec![],
+                score_files: vec![],
                 scratch: None,
                 rows,
             });
@@ -107,15 +116,20 @@ impl Partitions {
             files: (0..n)
                 .map(|i| scratch.join(format!("part-{i:04}.bin")))
                 .collect(),
+            score_files: (0..n)
+                .map(|i| scratch.join(format!("scores-{i:04}.bin")))
+                .collect(),
             scratch: Some(scratch.to_path_buf()),
             rows: 0,
         };
-        let mut writers = parts
-            .files
-            .iter()
-            .map(|p| File::create(p).map(|f| BufWriter::with_capacity(32 << 10, f)))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(io)?;
+        let open = |files: &[PathBuf]| {
+            files
+                .iter()
+                .map(|p| File::create(p).map(|f| BufWriter::with_capacity(32 << 10, f)))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(io)
+        };
+        let mut writers = open(&parts.files)?;
         let mut buf = Vec::new();
         parts.rows = for_each_call(dir, |mut c| {
             progress.call();
@@ -125,6 +139,18 @@ impl Partitions {
             buf.clear();
             encode(&c, &mut buf);
             let w = &mut writers[(stable_hash(groups.of(&c.rollout_id)) % n as u64) as usize];
+            w.write_all(&(buf.len() as u32).to_le_bytes())
+                .and_then(|()| w.write_all(&buf))
+                .map_err(io)
+        })?;
+        for w in writers {
+            w.into_inner().map_err(|e| io(e.into_error()))?;
+        }
+        let mut writers = open(&parts.score_files)?;
+        for_each_score(dir, |s| {
+            buf.clear();
+            encode_score(&s, &mut buf);
+            let w = &mut writers[(stable_hash(groups.of(&s.rollout_id)) % n as u64) as usize];
             w.write_all(&(buf.len() as u32).to_le_bytes())
                 .and_then(|()| w.write_all(&buf))
                 .map_err(io)
@@ -148,39 +174,61 @@ impl Partitions {
     }
 
     /// The calls of partition `i`, sorted by rollout and sequence, with
-    /// duplicate (rollout, sequence) rows dropped.
+    /// duplicate (rollout, sequence) rows dropped, each carrying its latest
+    /// teacher score.
     pub fn take(&mut self, i: usize) -> Result<Vec<CallRec>, ExportError> {
-        let mut v = match &mut self.memory {
+        let (mut v, mut scores) = match &mut self.memory {
             Some(m) => std::mem::take(m),
-            None => {
-                let path = &self.files[i];
-                let io = |e: std::io::Error| ExportError::Io(format!("{}: {e}", path.display()));
-                let mut r = BufReader::new(File::open(path).map_err(io)?);
-                let mut v = Vec::new();
-                let mut len = [0u8; 4];
-                let mut buf = Vec::new();
-                loop {
-                    match r.read_exact(&mut len) {
-                        Ok(()) => {}
-                        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
-                        Err(e) => return Err(io(e)),
-                    }
-                    buf.resize(u32::from_le_bytes(len) as usize, 0);
-                    r.read_exact(&mut buf).map_err(io)?;
-                    v.push(decode(&buf).ok_or_else(|| {
-                        ExportError::Io(format!("{}: corrupt spill record", path.display()))
-                    })?);
-                }
-                let _ = std::fs::remove_file(path);
-                v
-            }
+            None => (
+                read_spill(&self.files[i], decode)?,
+                read_spill(&self.score_files[i], decode_score)?,
+            ),
         };
         v.sort_by(|a, b| {
             (a.rollout_id.as_str(), a.sequence).cmp(&(b.rollout_id.as_str(), b.sequence))
         });
         v.dedup_by(|a, b| a.rollout_id == b.rollout_id && a.sequence == b.sequence);
+        // The latest score of each call last, so it is the one kept.
+        scores.sort_by(|a, b| {
+            (a.rollout_id.as_str(), a.sequence, a.scored_at).cmp(&(
+                b.rollout_id.as_str(),
+                b.sequence,
+                b.scored_at,
+            ))
+        });
+        for s in scores {
+            let key = (s.rollout_id.as_str(), s.sequence);
+            if let Ok(k) = v.binary_search_by(|c| (c.rollout_id.as_str(), c.sequence).cmp(&key)) {
+                v[k].teacher_logprobs = Some(s.logprobs);
+            }
+        }
         Ok(v)
     }
+}
+
+/// The records of one spill file (removed once read).
+fn read_spill<T>(path: &Path, decode: fn(&[u8]) -> Option<T>) -> Result<Vec<T>, ExportError> {
+    let io = |e: std::io::Error| ExportError::Io(format!("{}: {e}", path.display()));
+    let mut r = BufReader::new(File::open(path).map_err(io)?);
+    let mut v = Vec::new();
+    let mut len = [0u8; 4];
+    let mut buf = Vec::new();
+    loop {
+        match r.read_exact(&mut len) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+            Err(e) => return Err(io(e)),
+        }
+        buf.resize(u32::from_le_bytes(len) as usize, 0);
+        r.read_exact(&mut buf).map_err(io)?;
+        v.push(
+            decode(&buf).ok_or_else(|| {
+                ExportError::Io(format!("{}: corrupt spill record", path.display()))
+            })?,
+        );
+    }
+    let _ = std::fs::remove_file(path);
+    Ok(v)
 }
 
 /// Split sorted calls into runs of one rollout each.

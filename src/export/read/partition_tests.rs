@@ -119,3 +119,60 @@ fn spilled_partitions_hold_the_same_rollouts_as_memory() {
         Err(ExportError::NoDir(_))
     ));
 }
+
+#[test]
+fn teacher_scores_join_their_calls_in_memory_and_spilled() {
+    use crate::record::ScoreRow;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = ShardConfig {
+        dir: dir.path().join("shards"),
+        ..ShardConfig::default()
+    };
+    let mut rows = vec![];
+    for r in 0..20 {
+        for s in 0..3 {
+            rows.push(call_row(&format!("r{r:02}"), s));
+        }
+    }
+    write_now(&cfg, rows).expect("calls");
+    let score = |r: usize, s: i64, lp: f64, at: i64| ScoreRow {
+        record_id: format!("{r}-{s}-{at}"),
+        rollout_id: format!("r{r:02}"),
+        sequence: s,
+        teacher: "t".into(),
+        teacher_model: None,
+        teacher_logprobs: vec![lp],
+        prompt_tokens: 3,
+        scored_at: at,
+    };
+    let mut scores: Vec<ScoreRow> = (0..20).map(|r| score(r, 1, -1.0, 10)).collect();
+    // Scored again later: the later score is the one read.
+    scores.push(score(7, 1, -2.0, 20));
+    // A score of a call that is not there is ignored.
+    scores.push(score(99, 0, -3.0, 10));
+    write_now(&cfg, scores).expect("scores");
+    for per in [1_000, 8] {
+        let mut p = Partitions::load(
+            &cfg.dir,
+            &dir.path().join("spill"),
+            per,
+            |_| true,
+            &Groups::default(),
+            &Progress::hidden(),
+        )
+        .expect("load");
+        let mut seen = 0;
+        for i in 0..p.len() {
+            for c in p.take(i).expect("take") {
+                let want = match (c.rollout_id.as_str(), c.sequence) {
+                    ("r07", 1) => Some(vec![-2.0]),
+                    (_, 1) => Some(vec![-1.0]),
+                    _ => None,
+                };
+                assert_eq!(c.teacher_logprobs, want, "{} {}", c.rollout_id, c.sequence);
+                seen += 1;
+            }
+        }
+        assert_eq!(seen, 60);
+    }
+}

@@ -1,7 +1,8 @@
 //! The spill format: one call as length-prefixed little-endian bytes
-//! ([`encode`], [`decode`]), for the partition files.
+//! ([`encode`], [`decode`]), and one teacher score ([`encode_score`],
+//! [`decode_score`]), for the partition files.
 
-use super::CallRec;
+use super::{CallRec, ScoreRec};
 
 fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(&(b.len() as u32).to_le_bytes());
@@ -51,16 +52,7 @@ pub(super) fn encode(c: &CallRec, out: &mut Vec<u8>) {
             None => out.push(0),
         }
     }
-    match &c.completion_logprobs {
-        Some(v) => {
-            out.push(1);
-            out.extend_from_slice(&(v.len() as u32).to_le_bytes());
-            for x in v {
-                out.extend_from_slice(&x.to_le_bytes());
-            }
-        }
-        None => out.push(0),
-    }
+    put_opt_f64s(out, &c.completion_logprobs);
     put_opt_str(out, &c.user_agent);
     out.extend_from_slice(&c.received_at.to_le_bytes());
     put_opt_i64(out, c.prompt_tokens);
@@ -70,6 +62,39 @@ pub(super) fn encode(c: &CallRec, out: &mut Vec<u8>) {
     put_opt_i64(out, c.attempt_of);
     out.push(u8::from(c.side_call));
     put_opt_str(out, &c.continued);
+    put_opt_f64s(out, &c.teacher_logprobs);
+}
+
+fn put_opt_f64s(out: &mut Vec<u8>, v: &Option<Vec<f64>>) {
+    match v {
+        Some(v) => {
+            out.push(1);
+            out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+            for x in v {
+                out.extend_from_slice(&x.to_le_bytes());
+            }
+        }
+        None => out.push(0),
+    }
+}
+
+pub(super) fn encode_score(s: &ScoreRec, out: &mut Vec<u8>) {
+    put_bytes(out, s.rollout_id.as_bytes());
+    out.extend_from_slice(&s.sequence.to_le_bytes());
+    out.extend_from_slice(&s.scored_at.to_le_bytes());
+    put_bytes(out, s.teacher.as_bytes());
+    put_opt_f64s(out, &Some(s.logprobs.clone()));
+}
+
+pub(super) fn decode_score(b: &[u8]) -> Option<ScoreRec> {
+    let mut c = Cursor(b);
+    Some(ScoreRec {
+        rollout_id: c.string()?,
+        sequence: c.i64()?,
+        scored_at: c.i64()?,
+        teacher: c.string()?,
+        logprobs: c.opt_f64s()??,
+    })
 }
 
 struct Cursor<'a>(&'a [u8]);
@@ -159,6 +184,7 @@ pub(super) fn decode(b: &[u8]) -> Option<CallRec> {
         attempt_of: c.opt_i64()?,
         side_call: c.u8()? == 1,
         continued: c.opt_string()?,
+        teacher_logprobs: c.opt_f64s()?,
     })
 }
 

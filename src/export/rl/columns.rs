@@ -27,6 +27,8 @@ enum Col {
     ResponseLength,
     LossMask,
     Logprobs,
+    /// The teacher's logprobs (`rollcall score`), null when unscored.
+    TeacherLogprobs,
     Reward,
     Status,
     SlimeStatus,
@@ -38,8 +40,9 @@ enum Col {
     /// verl's `AgentLoopMetrics`, at its defaults (rollcall does not time them).
     VerlMetrics,
     /// A struct of rollcall's own columns (verl's `extra_fields`, slime's
-    /// `metadata`): the group under this name, then [`TAIL`].
-    Extra(&'static str),
+    /// `metadata`): the group under this name, then [`TAIL`], then (for a
+    /// shape with no field of its own for them) the teacher's logprobs.
+    Extra(&'static str, bool),
 }
 
 /// rollcall's own columns, kept with every sample.
@@ -64,6 +67,7 @@ fn columns(t: Trainer) -> Vec<(&'static str, Col)> {
             ("response_ids", ResponseIds),
             ("loss_mask", LossMask),
             ("logprobs", Logprobs),
+            ("teacher_logprobs", TeacherLogprobs),
             ("reward", Reward),
         ],
         // Exactly `AgentLoopOutput`'s fields: pydantic ignores unknown keys,
@@ -78,7 +82,7 @@ fn columns(t: Trainer) -> Vec<(&'static str, Col)> {
                 ("num_turns", NumTurns),
                 ("metrics", VerlMetrics),
                 // The group as `uid`: what GRPO groups by.
-                ("extra_fields", Extra("uid")),
+                ("extra_fields", Extra("uid", true)),
             ];
         }
         // Exactly `Sample`'s fields: `Sample(**row)` rejects any other key.
@@ -91,10 +95,12 @@ fn columns(t: Trainer) -> Vec<(&'static str, Col)> {
                 ("response_length", ResponseLength),
                 ("loss_mask", LossMask),
                 ("rollout_log_probs", Logprobs),
+                // `Sample.teacher_log_probs`: what slime's OPD reads.
+                ("teacher_log_probs", TeacherLogprobs),
                 ("reward", Reward),
                 ("status", SlimeStatus),
-                ("metadata", Extra("group")),
-            ]
+                ("metadata", Extra("group", false)),
+            ];
         }
         Trainer::Trl => vec![
             ("group", Group),
@@ -102,6 +108,7 @@ fn columns(t: Trainer) -> Vec<(&'static str, Col)> {
             ("completion_ids", ResponseIds),
             ("env_mask", LossMask),
             ("logprobs", Logprobs),
+            ("teacher_logprobs", TeacherLogprobs),
             ("reward", Reward),
         ],
     };
@@ -148,22 +155,28 @@ fn field(name: &str, c: Col) -> Field {
             (list_of(DataType::Int32), false)
         }
         Col::Logprobs => (list_of(DataType::Float32), false),
+        Col::TeacherLogprobs => (list_of(DataType::Float32), true),
         Col::Reward => (DataType::Float64, true),
         Col::Sequences => (list_of(DataType::Int64), false),
         Col::PolicyVersions | Col::TokenPolicyVersions => (list_of(DataType::Int64), false),
         Col::PolicyVersion => (DataType::Int64, true),
         Col::VerlMetrics => (DataType::Struct(verl_metrics_fields()), false),
-        Col::Extra(group) => (DataType::Struct(extra_fields(group)), false),
+        Col::Extra(group, teacher) => (DataType::Struct(extra_fields(group, teacher)), false),
     };
     Field::new(name, ty, null)
 }
 
-fn extra_columns(group: &'static str) -> impl Iterator<Item = (&'static str, Col)> {
-    std::iter::once((group, Col::Group)).chain(TAIL.iter().copied())
+fn extra_columns(group: &'static str, teacher: bool) -> impl Iterator<Item = (&'static str, Col)> {
+    let teacher = teacher.then_some(("teacher_logprobs", Col::TeacherLogprobs));
+    std::iter::once((group, Col::Group))
+        .chain(TAIL.iter().copied())
+        .chain(teacher)
 }
 
-fn extra_fields(group: &'static str) -> Fields {
-    extra_columns(group).map(|(n, c)| field(n, c)).collect()
+fn extra_fields(group: &'static str, teacher: bool) -> Fields {
+    extra_columns(group, teacher)
+        .map(|(n, c)| field(n, c))
+        .collect()
 }
 
 pub(super) fn schema(t: Trainer) -> SchemaRef {
@@ -226,6 +239,17 @@ fn column(c: Col, rows: &[RlSample]) -> ArrayRef {
             )),
             None,
         )),
+        Col::TeacherLogprobs => {
+            let lists = rows.iter().map(|r| r.teacher_logprobs.as_deref());
+            Arc::new(ListArray::new(
+                Arc::new(Field::new("item", DataType::Float32, true)),
+                OffsetBuffer::from_lengths(lists.clone().map(|l| l.map_or(0, <[f32]>::len))),
+                Arc::new(Float32Array::from_iter_values(
+                    lists.clone().flatten().flatten().copied(),
+                )),
+                Some(lists.map(|l| l.is_some()).collect()),
+            ))
+        }
         Col::Reward => Arc::new(Float64Array::from_iter(rows.iter().map(|r| r.reward))),
         Col::Sequences => Arc::new(ListArray::new(
             Arc::new(Field::new("item", DataType::Int64, true)),
@@ -266,9 +290,11 @@ fn column(c: Col, rows: &[RlSample]) -> ArrayRef {
             ],
             None,
         )),
-        Col::Extra(group) => Arc::new(StructArray::new(
-            extra_fields(group),
-            extra_columns(group).map(|(_, c)| column(c, rows)).collect(),
+        Col::Extra(group, teacher) => Arc::new(StructArray::new(
+            extra_fields(group, teacher),
+            extra_columns(group, teacher)
+                .map(|(_, c)| column(c, rows))
+                .collect(),
             None,
         )),
     }

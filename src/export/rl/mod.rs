@@ -70,6 +70,11 @@ pub struct RlSample {
     /// observation tokens): a call continued across an update changes
     /// version inside its completion.
     pub token_policy_versions: Vec<Option<i64>>,
+    /// The teacher's logprobs (`rollcall score`) aligned with
+    /// `response_ids` under the same loss mask: 0.0 on observations, NaN on
+    /// a sampled token of an unscored call; null when no call of the
+    /// segment was scored.
+    pub teacher_logprobs: Option<Vec<f32>>,
 }
 
 impl RlSample {
@@ -187,6 +192,9 @@ pub fn rollout_samples(
         }
         let t = interleave(&seg_calls);
         report.missing_logprobs += t.missing_logprobs;
+        if t.teacher_logprobs.is_some() {
+            report.missing_teacher_logprobs += t.missing_teacher_logprobs;
+        }
         let mut token_policy_versions = vec![None; t.response_ids.len()];
         for (c, range) in seg_calls.iter().zip(&t.completions) {
             let versions = c.token_policy_versions(range.len());
@@ -223,6 +231,7 @@ pub fn rollout_samples(
             sequences: seg_calls.iter().map(|c| c.sequence).collect(),
             policy_versions: seg_calls.iter().map(|c| c.policy_version).collect(),
             token_policy_versions,
+            teacher_logprobs: t.teacher_logprobs,
         });
     }
     out
@@ -243,6 +252,11 @@ pub struct Interleaved {
     pub completions: Vec<std::ops::Range<usize>>,
     /// Sampled tokens whose logprob was not recorded.
     pub missing_logprobs: usize,
+    /// The teacher's logprobs, laid out as `logprobs` (NaN on the sampled
+    /// tokens of unscored calls); `None` when no call was scored.
+    pub teacher_logprobs: Option<Vec<f32>>,
+    /// Sampled tokens without a teacher logprob, in a segment that has some.
+    pub missing_teacher_logprobs: usize,
 }
 
 /// Interleave a segment's calls (in order, each extending the one before)
@@ -250,6 +264,8 @@ pub struct Interleaved {
 /// Calls without token ids are skipped.
 pub fn interleave(seg_calls: &[&CallRec]) -> Interleaved {
     let mut s = Interleaved::default();
+    let scored = seg_calls.iter().any(|c| c.teacher_logprobs.is_some());
+    let mut teacher: Vec<f32> = vec![];
     let mut seen = 0usize; // prompt + completion tokens of the previous call
     for (k, c) in seg_calls.iter().enumerate() {
         let (Some(p), Some(comp)) = (&c.prompt_ids, &c.completion_ids) else {
@@ -264,6 +280,7 @@ pub fn interleave(seg_calls: &[&CallRec]) -> Interleaved {
             s.response_ids.extend_from_slice(obs);
             s.loss_mask.extend(std::iter::repeat_n(0, obs.len()));
             s.logprobs.extend(std::iter::repeat_n(0.0, obs.len()));
+            teacher.extend(std::iter::repeat_n(0.0, obs.len()));
         }
         let start = s.response_ids.len();
         s.response_ids.extend_from_slice(comp);
@@ -279,9 +296,21 @@ pub fn interleave(seg_calls: &[&CallRec]) -> Interleaved {
                 s.missing_logprobs += 1;
             }
             s.logprobs.push(lp.map_or(f32::NAN, |x| x as f32));
+            if scored {
+                let t = c
+                    .teacher_logprobs
+                    .as_ref()
+                    .and_then(|l| l.get(j).copied())
+                    .filter(|x| !x.is_nan());
+                if t.is_none() {
+                    s.missing_teacher_logprobs += 1;
+                }
+                teacher.push(t.map_or(f32::NAN, |x| x as f32));
+            }
         }
         seen = p.len() + comp.len();
     }
+    s.teacher_logprobs = scored.then_some(teacher);
     s
 }
 

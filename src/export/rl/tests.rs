@@ -173,6 +173,7 @@ fn trainer_shapes_have_their_names() {
         sequences: vec![0],
         policy_versions: vec![Some(3)],
         token_policy_versions: vec![Some(3)],
+        teacher_logprobs: None,
     };
     for t in [
         Trainer::Generic,
@@ -193,4 +194,23 @@ fn trainer_shapes_have_their_names() {
             .to_vec(),
         vec![1, 2, 3]
     );
+}
+
+#[test]
+fn teacher_logprobs_follow_the_loss_mask() {
+    let mut first = tok_call(0, vec![1, 2], vec![3, 4]);
+    first.teacher_logprobs = Some(vec![-0.25, -0.5]);
+    // observation 5; this call was not scored
+    let second = tok_call(1, vec![1, 2, 3, 4, 5], vec![6]);
+    let t = interleave(&[&first, &second]);
+    assert_eq!(t.loss_mask, vec![1, 1, 0, 1]);
+    let teacher = t.teacher_logprobs.expect("scored");
+    assert_eq!(&teacher[..3], &[-0.25, -0.5, 0.0]);
+    assert!(teacher[3].is_nan());
+    assert_eq!(t.missing_teacher_logprobs, 1);
+    // No call scored: no column value at all.
+    let plain = tok_call(0, vec![1], vec![2]);
+    let t = interleave(&[&plain]);
+    assert_eq!(t.teacher_logprobs, None);
+    assert_eq!(t.missing_teacher_logprobs, 0);
 }
