@@ -7,6 +7,7 @@ mod export;
 mod grade;
 mod harness;
 mod model;
+mod reward;
 mod run;
 mod score;
 mod serve;
@@ -67,6 +68,10 @@ enum Command {
     /// Score the recorded calls' completion tokens with a teacher model
     /// (on-policy distillation): teacher logprobs into the shards.
     Score(score::Score),
+    /// Re-score graded rollouts under a reward mode (simple,
+    /// simple_truncated, zero, pass_rate, process_shaped): new reward
+    /// revisions, with every term recorded.
+    Reward(reward::Reward),
 }
 
 fn init_logs(format: &str) {
@@ -104,6 +109,7 @@ pub fn main() -> ExitCode {
         Command::Import { command } => return done(export::import(command)),
         Command::Inspect(i) => return done(i.run()),
         Command::Grade(g) => return done(g.run()),
+        Command::Reward(r) => return done(r.run()),
         other => other,
     };
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -127,7 +133,8 @@ pub fn main() -> ExitCode {
             | Command::Export { .. }
             | Command::Import { .. }
             | Command::Inspect(_)
-            | Command::Grade(_) => unreachable!("handled before the runtime starts"),
+            | Command::Grade(_)
+            | Command::Reward(_) => unreachable!("handled before the runtime starts"),
         }
     }))
 }

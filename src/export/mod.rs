@@ -128,6 +128,11 @@ pub struct Filters {
     /// like, by its adapter's rules: left out by default).
     #[arg(long)]
     pub include_side_calls: bool,
+    /// Which reward revision of each rollout to use: `latest` (the last
+    /// re-scoring by `rollcall reward` or `judge`), `original` (as
+    /// finished), or a revision number N (the latest at most N).
+    #[arg(long, default_value = "latest")]
+    pub reward_revision: read::Revision,
 }
 
 /// The status `rollcall batch` finishes a rollout with after an

@@ -341,7 +341,7 @@ fn export_metadata(s: &super::sft::SftSample, info: Option<&RolloutInfo>) -> Str
 /// `rollcall export orchard`: writes `OUT/orchard.parquet`.
 pub fn export(shards: &Path, out: &Path, filters: &Filters) -> Result<Report, ExportError> {
     super::prepare_out(out)?;
-    let rollouts = read::read_rollouts(shards)?;
+    let rollouts = read::read_rollouts_at(shards, filters.reward_revision)?;
     let mut report = Report {
         kind: "orchard".into(),
         ..Default::default()

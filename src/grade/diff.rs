@@ -81,6 +81,26 @@ pub fn modified_files(patch: &str) -> Result<Vec<String>, DiffError> {
         .collect())
 }
 
+/// Every file the patch touches, without the `a/` / `b/` prefix, in patch
+/// order: its target, or its source when it deletes the file.
+pub fn touched_files(patch: &str) -> Result<Vec<String>, DiffError> {
+    Ok(parse(patch)?
+        .into_iter()
+        .filter_map(|f| {
+            let name = if f.target == DEV_NULL {
+                f.source
+            } else {
+                f.target
+            };
+            let name = name
+                .strip_prefix("b/")
+                .or_else(|| name.strip_prefix("a/"))
+                .map_or(name.clone(), str::to_owned);
+            (name != DEV_NULL).then_some(name)
+        })
+        .collect())
+}
+
 fn parse(patch: &str) -> Result<Vec<Patched>, DiffError> {
     let r = res();
     let mut files: Vec<Patched> = Vec::new();

@@ -21,7 +21,7 @@ mod report_tests;
 mod script;
 mod specs;
 
-pub use diff::DiffError;
+pub use diff::{touched_files, DiffError};
 pub use instance::{
     default_image, FieldError, Instance, InstanceError, DEFAULT_TEST_CMD, DEFAULT_WORKDIR,
     SWEBENCH_CONDA_ENV,

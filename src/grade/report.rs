@@ -6,7 +6,7 @@
 use super::instance::Instance;
 use super::parse::{ParseCrash, Parser, StatusMap, TestStatus};
 use super::specs::specs;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Printed when the model patch does not apply (a bad code: the log is
 /// not graded).
@@ -27,7 +27,7 @@ pub const START_TEST_OUTPUT: &str = ">>>>> Start Test Output";
 pub const END_TEST_OUTPUT: &str = ">>>>> End Test Output";
 
 /// One gold list, split by the outcome of its tests.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Split {
     pub success: Vec<String>,
     pub failure: Vec<String>,
@@ -35,7 +35,8 @@ pub struct Split {
 
 /// `get_eval_tests_report`'s result (swebench's `tests_status`). The
 /// "to fail" lists are always empty: get_eval_report does not ask for them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Report {
     #[serde(rename = "FAIL_TO_PASS")]
     pub fail_to_pass: Split,

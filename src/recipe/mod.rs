@@ -1,13 +1,22 @@
 //! The training recipes that read rollcall's data and write back to it
 //! (see `docs/recipes.md`): teacher scoring for on-policy distillation
-//! (`score`, against a [`teacher::Teacher`]).
+//! (`score`, against a [`teacher::Teacher`]), and the reward modes of
+//! Orchard-SWE's SWE reward (`reward`, from a trajectory's `steps`), applied
+//! by `rescore` as new reward revisions (`revision`).
 //!
 //! Like the rollout engine, a recipe talks to model servers over HTTP only
 //! (the embedded model is started as a server of its own), reads the shards
 //! through `export::read`, and writes what it adds as new shard rows beside
 //! the recorded ones, never over them.
 
+pub mod client;
+pub mod render;
+pub mod rescore;
+pub mod revision;
+pub mod reward;
+pub mod rubric;
 pub mod score;
+pub mod steps;
 pub mod teacher;
 
 /// Why a recipe could not run.
@@ -16,9 +25,9 @@ pub enum RecipeError {
     /// {0}
     #[error("{0}")]
     Shards(#[from] crate::export::ExportError),
-    /// teacher {url}: {message}
-    #[error("teacher {url}: {message}")]
-    Teacher { url: String, message: String },
+    /// model server {url}: {message}
+    #[error("model server {url}: {message}")]
+    Server { url: String, message: String },
     /// teacher {teacher} has another vocabulary than the student's: ...
     #[error(
         "teacher {teacher} has another vocabulary than the student's: the student's prompt ids \

@@ -11,19 +11,15 @@
 //! generated is ignored. `POST {origin}/detokenize` checks the teacher's
 //! vocabulary (see [`super::score`]).
 
+use super::client::Server;
 use super::RecipeError;
 use serde_json::{json, Value};
 use std::time::Duration;
 
-/// Retries of a request whose connection failed or that got a 5xx.
-const RETRIES: usize = 2;
-
 /// A teacher server.
 #[derive(Clone)]
 pub struct Teacher {
-    client: reqwest::Client,
-    /// `http://host:port/v1`, no trailing slash.
-    base: String,
+    server: Server,
     /// The model name sent, when one was given.
     model: Option<String>,
     /// What the score rows name as the teacher: the base URL without
@@ -38,72 +34,10 @@ impl Teacher {
         label: String,
         timeout: Duration,
     ) -> Result<Teacher, RecipeError> {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .build()
-            .map_err(|e| RecipeError::Teacher {
-                url: label.clone(),
-                message: e.to_string(),
-            })?;
         Ok(Teacher {
-            client,
-            base: base.trim_end_matches('/').to_owned(),
+            server: Server::new(base, label.clone(), timeout)?,
             model,
             label,
-        })
-    }
-
-    /// The server's origin (`/detokenize` lives beside `/v1`).
-    fn origin(&self) -> &str {
-        self.base.strip_suffix("/v1").unwrap_or(&self.base)
-    }
-
-    /// POST a JSON body; the answer's JSON, retried on connection errors
-    /// and 5xx, a 4xx failing at once with the server's message.
-    async fn post(&self, url: &str, body: &Value) -> Result<Value, RecipeError> {
-        let bytes = serde_json::to_vec(body).unwrap_or_default();
-        let mut last = String::new();
-        for attempt in 0..=RETRIES {
-            if attempt > 0 {
-                tokio::time::sleep(Duration::from_millis(200 << attempt)).await;
-            }
-            let sent = self
-                .client
-                .post(url)
-                .header("content-type", "application/json")
-                .body(bytes.clone())
-                .send()
-                .await;
-            let r = match sent {
-                Ok(r) => r,
-                Err(e) => {
-                    last = e.to_string();
-                    continue;
-                }
-            };
-            let status = r.status();
-            let text = match r.bytes().await {
-                Ok(b) => b,
-                Err(e) => {
-                    last = e.to_string();
-                    continue;
-                }
-            };
-            if status.is_success() {
-                return serde_json::from_slice(&text).map_err(|e| RecipeError::Teacher {
-                    url: self.label.clone(),
-                    message: format!("the answer is not JSON: {e}"),
-                });
-            }
-            last = format!("HTTP {}: {}", status.as_u16(), error_message(&text));
-            if status.is_client_error() {
-                break;
-            }
-        }
-        Err(RecipeError::Teacher {
-            url: self.label.clone(),
-            message: crate::redact::redact(&last).into_owned(),
         })
     }
 
@@ -120,15 +54,9 @@ impl Teacher {
         if let Some(m) = &self.model {
             body["model"] = json!(m);
         }
-        let v = self
-            .post(&format!("{}/completions", self.base), &body)
-            .await?;
-        let lps = completion_logprobs(&v, prompt.len(), completion).map_err(|why| {
-            RecipeError::Teacher {
-                url: self.label.clone(),
-                message: why,
-            }
-        })?;
+        let v = self.server.post("/completions", &body).await?;
+        let lps = completion_logprobs(&v, prompt.len(), completion)
+            .map_err(|why| self.server.error(why))?;
         Ok((
             lps,
             v.get("model").and_then(Value::as_str).map(str::to_owned),
@@ -141,30 +69,15 @@ impl Teacher {
         if let Some(m) = &self.model {
             body["model"] = json!(m);
         }
-        let v = self
-            .post(&format!("{}/detokenize", self.origin()), &body)
-            .await?;
+        let v = self.server.post_origin("/detokenize", &body).await?;
         v.get("prompt")
             .and_then(Value::as_str)
             .map(str::to_owned)
-            .ok_or_else(|| RecipeError::Teacher {
-                url: self.label.clone(),
-                message: "`/detokenize` answered without a `prompt` string".into(),
+            .ok_or_else(|| {
+                self.server
+                    .error("`/detokenize` answered without a `prompt` string".into())
             })
     }
-}
-
-/// An error body's message (OpenAI's `{"error": {"message"}}`, or the text).
-fn error_message(body: &[u8]) -> String {
-    let v: Option<Value> = serde_json::from_slice(body).ok();
-    let msg = v.as_ref().and_then(|v| {
-        v.pointer("/error/message")
-            .or_else(|| v.get("message"))
-            .or_else(|| v.get("detail"))
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-    });
-    msg.unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(2000)]).into_owned())
 }
 
 /// The logprobs of `completion`'s tokens, at positions `start..` of a
@@ -239,14 +152,5 @@ mod tests {
         assert!(completion_logprobs(&json!({"choices": [{}]}), 0, &[1])
             .unwrap_err()
             .contains("does not score prompts"));
-    }
-
-    #[test]
-    fn error_messages_are_read_from_openai_bodies() {
-        assert_eq!(
-            error_message(br#"{"error": {"message": "token id 99999 is out of vocabulary"}}"#),
-            "token id 99999 is out of vocabulary"
-        );
-        assert_eq!(error_message(b"plain"), "plain");
     }
 }

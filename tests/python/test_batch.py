@@ -24,6 +24,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 import rollcall_harness as h
@@ -163,6 +164,66 @@ def test_batch_grades_what_was_really_fixed(family, upstream, tmp_path):
     again = run_batch(batch_cmd(tmp_path, path, upstream, "--samples", "2", "--concurrency", "4"))
     assert finishes(tmp_path / "shards").keys() == rows.keys()
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["resolved"] == 2 * len(solve), again.stdout
+
+    check_reward_modes(tmp_path, path, rows, solve, wrong)
+
+
+def reward_cli(*args: str) -> dict:
+    p = subprocess.run([h.rollcall_bin(), "reward", *args, "--json"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def check_reward_modes(tmp_path: Path, tasks: Path, graded: dict, solve: set, wrong: str):
+    """`rollcall reward` on the batch's graded rollouts: each mode a new
+    revision with its terms and provenance, the exports on the latest unless
+    told otherwise."""
+    shards = tmp_path / "shards"
+    n = len(graded)
+    expect = {
+        "simple": lambda task: 1.0 if task in solve else -1.0,
+        "simple_truncated": lambda task: 1.0 if task in solve else -1.0,
+        "zero": lambda task: 1.0 if task in solve else 0.0,
+        # PASS_TO_PASS kept passing; an empty patch is invalid (0).
+        "pass_rate": lambda task: 10.0 if task in solve else (7.0 if task == wrong else 0.0),
+    }
+    for number, (mode, want) in enumerate(expect.items(), start=1):
+        rep = reward_cli("--mode", mode, "--shards", str(shards))
+        assert (rep["revised"], rep["ungraded"], rep["rollouts"]) == (n, 0, n), rep
+        now = finishes(shards)
+        for rid, r in now.items():
+            rev = r["metadata"]["revision"]
+            assert (rev["number"], rev["source"], rev["mode"]) == (number, "reward", mode), rev
+            assert r["reward"] == pytest.approx(want(r["metadata"]["task"])), (mode, rid, rev)
+            assert r["metadata"]["report"] == graded[rid]["metadata"]["report"]
+            assert rev["terms"]["resolved"] == (1.0 if r["metadata"]["task"] in solve else 0.0)
+    rep = reward_cli("--mode", "process_shaped", "--shards", str(shards), "--tasks", str(tasks))
+    assert rep["revised"] == n and rep["gated"] == 0, rep
+    for rid, r in finishes(shards).items():
+        rev, task = r["metadata"]["revision"], r["metadata"]["task"]
+        terms = rev["terms"]
+        assert rev["number"] == len(expect) + 1 and rev["gate"] == [] and terms["gate"] == 1.0
+        assert set(terms) >= {"resolved", "f2p", "p2p", "localization", "anchored_flip", "read_before_edit",
+                              "extra_files", "no_progress", "error_rate"}
+        assert rev["steps"] >= 1, rev  # the harness's commands were read back from its calls
+        if task in solve:
+            assert (terms["f2p"], terms["localization"], terms["extra_files"]) == (1.0, 1.0, 0.0), terms
+        total = 10 * (terms["resolved"] + 0.5 * terms["f2p"] + 0.4 * terms["localization"]
+                      + 0.3 * terms["anchored_flip"] + 0.1 * terms["read_before_edit"] + 0.2 * terms["p2p"]
+                      - 0.05 * terms["extra_files"] - 0.05 * terms["no_progress"] - 0.03 * terms["error_rate"])
+        assert r["reward"] == pytest.approx(total)
+    # Nothing was overwritten: every revision is its own row.
+    assert h.duck(shards, "SELECT count(*) FROM t", kind="rollouts") == [(n * (len(expect) + 2),)]
+    # The exports use the latest revision, or the one asked for.
+    latest = {rid: r["reward"] for rid, r in finishes(shards).items()}
+    for flag, want in [([], latest), (["--reward-revision", "original"], {rid: graded[rid]["reward"] for rid in graded}),
+                       (["--reward-revision", "3"], {rid: expect["zero"](graded[rid]["metadata"]["task"]) for rid in graded})]:
+        out = tmp_path / f"sft{len(flag)}-{flag[-1] if flag else 'latest'}"
+        p = subprocess.run([h.rollcall_bin(), "export", "sft", "--shards", str(shards), "--out", str(out), *flag],
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        got = {r["rollout_id"]: r["reward"] for r in pq.read_table(out / "sft.parquet").to_pylist()}
+        assert got and all(got[rid] == pytest.approx(want[rid]) for rid in got), (flag, got)
 
 
 def bar_expect(rewards: list[float], n: int = 4, r_min: float = 0.25, r_max: float = 0.75):

@@ -103,13 +103,62 @@ impl CallRec {
     }
 }
 
-/// The latest finish row of a rollout.
+/// The finish row of a rollout that the exports use (the latest, or the
+/// one [`Revision`] picks).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RolloutInfo {
     pub status: String,
     pub reward: Option<f64>,
     pub metadata: Option<String>,
     pub finished_at: i64,
+    /// Its reward revision: 0 for a finish (`POST .../finish`), N for the
+    /// Nth re-scoring (finish metadata `revision.number`).
+    pub revision: i64,
+    pub record_id: String,
+    /// Calls sequenced for the rollout when it finished.
+    pub calls: i64,
+}
+
+/// Which of a rollout's finish rows a reader uses. A re-scoring
+/// (`rollcall reward`, `rollcall judge`) adds a finish row with the next
+/// revision number; nothing is overwritten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Revision {
+    /// The row finished last.
+    #[default]
+    Latest,
+    /// The latest row of revision at most N (0: the reward as the rollout
+    /// was finished, before any re-scoring).
+    AtMost(i64),
+}
+
+impl std::str::FromStr for Revision {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Revision, String> {
+        match s {
+            "latest" => Ok(Revision::Latest),
+            "original" => Ok(Revision::AtMost(0)),
+            n => n
+                .parse::<i64>()
+                .ok()
+                .filter(|&n| n >= 0)
+                .map(Revision::AtMost)
+                .ok_or_else(|| {
+                    format!("expected latest, original or a revision number, not {n:?}")
+                }),
+        }
+    }
+}
+
+/// The revision number a finish row's metadata gives (0 when none).
+pub fn revision_of(metadata: Option<&str>) -> i64 {
+    metadata
+        .and_then(|m| serde_json::from_str::<serde_json::Value>(m).ok())
+        .and_then(|m| {
+            m.pointer("/revision/number")
+                .and_then(serde_json::Value::as_i64)
+        })
+        .unwrap_or(0)
 }
 
 impl RolloutInfo {
@@ -345,9 +394,26 @@ pub fn for_each_score(
 
 /// Every rollout's latest finish row (by `finished_at`, then file order).
 pub fn read_rollouts(dir: &Path) -> Result<BTreeMap<String, RolloutInfo>, ExportError> {
+    read_rollouts_at(dir, Revision::Latest)
+}
+
+/// Every rollout's finish row that `pick` picks: the latest by
+/// `finished_at` (then file order) of those it allows.
+pub fn read_rollouts_at(
+    dir: &Path,
+    pick: Revision,
+) -> Result<BTreeMap<String, RolloutInfo>, ExportError> {
     let mut out: BTreeMap<String, RolloutInfo> = BTreeMap::new();
     for path in shard_files(dir, "rollouts")? {
-        let cols = ["rollout_id", "status", "reward", "metadata", "finished_at"];
+        let cols = [
+            "rollout_id",
+            "record_id",
+            "status",
+            "reward",
+            "metadata",
+            "finished_at",
+            "calls",
+        ];
         for batch in open_projected(&path, &cols)? {
             let b = batch.map_err(|e| shard_err(&path, e))?;
             let reward = col(&b, "reward").and_then(|c| c.as_primitive_opt::<Float64Type>());
@@ -355,12 +421,21 @@ pub fn read_rollouts(dir: &Path) -> Result<BTreeMap<String, RolloutInfo>, Export
                 let Some(id) = str_at(col(&b, "rollout_id"), i) else {
                     continue;
                 };
+                let metadata = str_at(col(&b, "metadata"), i);
                 let info = RolloutInfo {
                     status: str_at(col(&b, "status"), i).unwrap_or_default(),
                     reward: reward.filter(|r| !r.is_null(i)).map(|r| r.value(i)),
-                    metadata: str_at(col(&b, "metadata"), i),
+                    revision: revision_of(metadata.as_deref()),
+                    metadata,
                     finished_at: i64_at(col(&b, "finished_at"), i).unwrap_or(0),
+                    record_id: str_at(col(&b, "record_id"), i).unwrap_or_default(),
+                    calls: i64_at(col(&b, "calls"), i).unwrap_or(0),
                 };
+                if let Revision::AtMost(n) = pick {
+                    if info.revision > n {
+                        continue;
+                    }
+                }
                 match out.get(&id) {
                     Some(old) if old.finished_at > info.finished_at => {}
                     _ => {

@@ -323,7 +323,7 @@ pub fn export(shards: &Path, out: &Path, opts: &RlOptions) -> Result<Report, Exp
         });
     }
     super::prepare_out(out)?;
-    let rollouts = read::read_rollouts(shards)?;
+    let rollouts = read::read_rollouts_at(shards, opts.filters.reward_revision)?;
     let mut report = Report {
         kind: "rl".into(),
         ..Default::default()

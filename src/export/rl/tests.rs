@@ -45,6 +45,7 @@ fn loss_mask_and_logprobs_at_the_token_level() {
         reward: Some(1.0),
         metadata: Some(r#"{"group": "task-a"}"#.into()),
         finished_at: 1,
+        ..RolloutInfo::default()
     };
     let mut report = Report::default();
     let mut mm = vec![];

@@ -226,7 +226,7 @@ enum Writer {
 /// `rollcall export sft`.
 pub fn export(shards: &Path, out: &Path, opts: &SftOptions) -> Result<Report, ExportError> {
     super::prepare_out(out)?;
-    let rollouts = read::read_rollouts(shards)?;
+    let rollouts = read::read_rollouts_at(shards, opts.filters.reward_revision)?;
     let mut report = Report {
         kind: "sft".into(),
         ..Default::default()
