@@ -6,6 +6,7 @@ mod batch;
 mod export;
 mod grade;
 mod harness;
+mod judge;
 mod model;
 mod reward;
 mod run;
@@ -72,6 +73,9 @@ enum Command {
     /// simple_truncated, zero, pass_rate, process_shaped): new reward
     /// revisions, with every term recorded.
     Reward(reward::Reward),
+    /// Grade trajectories on a rubric with a judge model (the rubric-based
+    /// process reward): new reward revisions R' = R_base + alpha * J.
+    Judge(judge::Judge),
 }
 
 fn init_logs(format: &str) {
@@ -129,6 +133,7 @@ pub fn main() -> ExitCode {
             Command::Batch(b) => b.run().await,
             Command::Model { command } => model::run(command).await,
             Command::Score(s) => s.run().await,
+            Command::Judge(j) => j.run().await,
             Command::Harness { .. }
             | Command::Export { .. }
             | Command::Import { .. }

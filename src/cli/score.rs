@@ -54,24 +54,8 @@ impl Score {
         }
         let timeout = Duration::from_secs(self.timeout.max(1));
         let teacher = if self.teacher == "embedded" {
-            let options = EmbeddedConfig {
-                model_file: self.model_file.clone(),
-                kv_slots: self.concurrency,
-                ..EmbeddedConfig::default()
-            };
-            options.validate()?;
-            let path = crate::model::model_path(&options)?;
-            let url = crate::model::start(&options).await?;
-            let name = path.file_name().map_or_else(
-                || path.display().to_string(),
-                |n| n.to_string_lossy().into_owned(),
-            );
-            Teacher::new(
-                &url,
-                self.model.clone(),
-                format!("embedded:{name}"),
-                timeout,
-            )?
+            let (url, label) = embedded(self.model_file.clone(), self.concurrency).await?;
+            Teacher::new(&url, self.model.clone(), label, timeout)?
         } else {
             if self.model_file.is_some() {
                 return Err("--model-file is for --teacher embedded".into());
@@ -111,4 +95,26 @@ impl Score {
         }
         Ok(if report.failed > 0 { 1 } else { 0 })
     }
+}
+
+/// Start the embedded engine (the default model, or `model_file`) as a
+/// model server on a loopback port with `slots` KV-cache slots: its base
+/// URL, and what the rows name it (`embedded:<file>`).
+pub(super) async fn embedded(
+    model_file: Option<PathBuf>,
+    slots: usize,
+) -> Result<(String, String), Box<dyn std::error::Error>> {
+    let options = EmbeddedConfig {
+        model_file,
+        kv_slots: slots,
+        ..EmbeddedConfig::default()
+    };
+    options.validate()?;
+    let path = crate::model::model_path(&options)?;
+    let url = crate::model::start(&options).await?;
+    let name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    Ok((url, format!("embedded:{name}")))
 }

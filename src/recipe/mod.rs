@@ -10,6 +10,7 @@
 //! the recorded ones, never over them.
 
 pub mod client;
+pub mod judge;
 pub mod render;
 pub mod rescore;
 pub mod revision;

@@ -34,16 +34,17 @@ pub struct RescoreReport {
 }
 
 /// The evidence a finish row's metadata gives.
-struct Graded {
-    resolved: bool,
-    submitted: bool,
-    patch: String,
-    applied: bool,
-    tests: Option<Report>,
-    task: Option<String>,
+pub(super) struct Graded {
+    pub(super) resolved: bool,
+    pub(super) submitted: bool,
+    pub(super) patch: String,
+    pub(super) applied: bool,
+    pub(super) tests: Option<Report>,
+    pub(super) task: Option<String>,
 }
 
-fn graded(info: &RolloutInfo) -> Option<Graded> {
+/// What a graded rollout's finish metadata says; `None` without a grade.
+pub(super) fn graded(info: &RolloutInfo) -> Option<Graded> {
     let m: Value = serde_json::from_str(info.metadata.as_deref()?).ok()?;
     let grade = m.get("report").filter(|g| g.is_object())?;
     let outcome = m

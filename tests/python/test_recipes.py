@@ -6,6 +6,12 @@
   DuckDB, carried by `export rl` under the loss mask, kept across a re-run
   and a re-export; a teacher with another vocabulary refused, over HTTP,
   from `rollcall model serve`.
+- `rollcall judge`: the scripted model server as a judge whose verdicts
+  are known (`[[answer: ...]]`), so the rewards R' = R_base + 0.5 J are
+  checked exactly, with their provenance and the exports' choice of
+  revision; a user's rubric file; the embedded engine as the judge, whose
+  unparseable answers count as J = 0. (`rollcall reward`'s modes run on a
+  real batch in test_batch.py.)
 """
 
 from __future__ import annotations
@@ -185,3 +191,135 @@ def test_a_teacher_with_another_vocabulary_is_refused(recorded, other_vocabulary
         assert len(h.shard_files(recorded, "scores")) == before
     finally:
         served.kill()
+
+
+# ---------------------------------------------------------------- the judge
+
+SWE_RUBRIC = h.REPO_ROOT / "proxy-config" / "rubrics" / "swe.toml"
+WEIGHTS = {"R1": .15, "R2": .18, "R3": .12, "R4": .15, "R5": .14, "R6": .12, "R7": .14}
+SCORES = {"R1": 1.0, "R2": 0.5, "R3": 0.2, "R4": 0.8, "R5": 0.0, "R6": 1.0, "R7": 0.9}
+VERDICT = json.dumps({"reasoning": "Reproduced, fixed, verified.", "scores": SCORES})
+
+
+def grade_meta(task: str, resolved: bool) -> dict:
+    """Finish metadata in the shape `rollcall batch` writes."""
+    f2p = ["tests/test_core.py::test_value"]
+    return {"task": task, "outcome": "completed", "harness_exit": 0, "resolved": resolved,
+            "model_patch": "diff --git a/pkg/core.py b/pkg/core.py\n--- a/pkg/core.py\n+++ b/pkg/core.py\n"
+                           "@@ -1 +1 @@\n-x = 1\n+x = 2\n",
+            "report": {"instance_id": task, "patch_successfully_applied": True, "resolved": resolved,
+                       "resolution": "RESOLVED_FULL" if resolved else "RESOLVED_NO",
+                       "report": {"FAIL_TO_PASS": {"success": f2p if resolved else [], "failure": [] if resolved else f2p},
+                                  "PASS_TO_PASS": {"success": [], "failure": []},
+                                  "FAIL_TO_FAIL": {"success": [], "failure": []},
+                                  "PASS_TO_FAIL": {"success": [], "failure": []}}}}
+
+
+@pytest.fixture
+def judged_shards(make_proxy):
+    """Three graded rollouts recorded through the proxy from the scripted
+    model: two whose task scripts the judge's verdict, one whose does not
+    (its judge answer is not JSON), and one ungraded rollout."""
+    p = make_proxy()
+    cases = {"j-solved": ("t1", True, True), "j-failed": ("t2", False, True), "j-garbled": ("t3", False, False)}
+    for rid, (task, resolved, scripted) in cases.items():
+        text = f"Fix the bug in pkg/core.py for task {task}."
+        if scripted:
+            text += f" [[answer: {VERDICT}]]"
+        for turn in [text, "Run the tests again."]:
+            r = h.post_json(p.url, f"/rollouts/{rid}/v1/chat/completions",
+                            {"model": "scripted", "messages": [{"role": "user", "content": text},
+                                                               {"role": "assistant", "content": "```bash\npytest -q\n```"},
+                                                               {"role": "user", "content": turn}]})
+            assert r.status == 200, r.body
+        r = h.post_json(p.url, f"/v1/rollouts/{rid}/finish",
+                        {"status": "completed", "reward": 1.0 if resolved else 0.0, "metadata": grade_meta(task, resolved)})
+        assert r.status == 200, r.body
+    r = h.post_json(p.url, "/rollouts/j-ungraded/v1/chat/completions",
+                    {"model": "scripted", "messages": [{"role": "user", "content": "hello"}]})
+    assert r.status == 200
+    assert h.post_json(p.url, "/v1/rollouts/j-ungraded/finish", {"status": "success", "reward": 1.0}).status == 200
+    h.wait_for_shards(p.url)
+    p.terminate()
+    return p.shards, cases
+
+
+def judge(*args: str) -> dict:
+    r = subprocess.run([h.rollcall_bin(), "judge", *args, "--json"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def latest_finishes(shards: Path) -> dict[str, dict]:
+    rows = sorted(h.read_rollouts_arrow(shards), key=lambda r: r["finished_at"])
+    out = {}
+    for r in rows:
+        r["metadata"] = json.loads(r["metadata"]) if r["metadata"] else {}
+        out[r["rollout_id"]] = r
+    return out
+
+
+def test_a_scripted_judge_gives_exact_rewards_with_provenance(judged_shards, upstream, tmp_path):
+    import hashlib
+    shards, cases = judged_shards
+    rep = judge("--judge", f"{upstream}/v1", "--model", "scripted", "--shards", str(shards), "--concurrency", "2")
+    assert (rep["judged"], rep["errors"], rep["ungraded"], rep["rollouts"]) == (3, 1, 1, 4), rep
+    assert rep["reference_guided"] == 3  # the grades name the gold FAIL_TO_PASS tests
+    assert rep["trajectories_per_s"] > 0
+    j = sum(WEIGHTS[k] * SCORES[k] for k in WEIGHTS)
+    now = latest_finishes(shards)
+    for rid, (task, resolved, scripted) in cases.items():
+        r = now[rid]
+        rev = r["metadata"]["revision"]
+        want_j = j if scripted else 0.0
+        assert rev["j"] == pytest.approx(want_j)
+        assert r["reward"] == pytest.approx((1.0 if resolved else -1.0) + 0.5 * want_j), rid
+        assert (rev["number"], rev["source"], rev["rubric"]) == (1, "judge", "swe")
+        assert rev["rubric_sha256"] == hashlib.sha256(SWE_RUBRIC.read_bytes()).hexdigest()
+        assert rev["judge"] == f"{upstream}/v1" and rev["alpha"] == 0.5
+        assert rev["base_reward"] == (1.0 if resolved else -1.0)
+        assert rev["steps"] >= 1
+        if scripted:
+            assert rev["scores"] == SCORES and rev["error"] is None
+        else:
+            assert rev["scores"] is None and "unparseable answer" in rev["error"]
+        assert r["metadata"]["report"] == grade_meta(task, resolved)["report"]  # the grade is kept
+    assert "revision" not in now["j-ungraded"]["metadata"]
+    # The exports pick the latest revision; the original is still there.
+    for flag, want in [([], {rid: now[rid]["reward"] for rid in cases}),
+                       (["--reward-revision", "original"], {rid: 1.0 if c[1] else 0.0 for rid, c in cases.items()})]:
+        out = tmp_path / ("sft-" + (flag[-1] if flag else "latest"))
+        r = subprocess.run([h.rollcall_bin(), "export", "sft", "--shards", str(shards), "--out", str(out), *flag],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        got = {s["rollout_id"]: s["reward"] for s in pq.read_table(out / "sft.parquet").to_pylist()}
+        assert all(got[rid] == pytest.approx(want[rid]) for rid in cases), (flag, got)
+
+    # A rubric of the user's own: one rubric, J is its score.
+    own = tmp_path / "own.toml"
+    own.write_text('name = "one"\ninstructions = "Grade it."\n[[rubrics]]\nkey = "R5"\nname = "d"\n'
+                   'weight = 2.0\ndescription = "Discriminative checks."\n')
+    # The scripted verdict scores R1..R7: read strictly, it does not fit a
+    # rubric of R5 alone, so every answer is an error and J = 0.
+    rep = judge("--judge", f"{upstream}/v1", "--shards", str(shards), "--rubric", str(own), "--alpha", "1",
+                "--concurrency", "1")
+    assert rep["errors"] == 3 and rep["judged"] == 3 and rep["rubric"] == str(own)
+    now = latest_finishes(shards)
+    assert now["j-solved"]["metadata"]["revision"]["number"] == 2
+    assert now["j-solved"]["reward"] == pytest.approx(1.0)
+    assert "R1, which is not a rubric" in now["j-solved"]["metadata"]["revision"]["error"]
+
+
+def test_the_embedded_engine_as_judge_counts_its_unparseable_answers(judged_shards, gguf):
+    shards, cases = judged_shards
+    rep = judge("--judge", "embedded", "--model-file", str(gguf), "--shards", str(shards),
+                "--max-tokens", "48", "--concurrency", "3")
+    assert rep["judged"] == 3 and rep["ungraded"] == 1, rep
+    assert rep["judge"] == f"embedded:{gguf.name}"
+    # A 135M model rarely writes the strict JSON: every miss is J = 0, counted.
+    now = latest_finishes(shards)
+    misses = [rid for rid in cases if now[rid]["metadata"]["revision"]["error"]]
+    assert rep["errors"] == len(misses)
+    for rid in misses:
+        base = now[rid]["metadata"]["revision"]["base_reward"]
+        assert now[rid]["reward"] == base and now[rid]["metadata"]["revision"]["j"] == 0.0

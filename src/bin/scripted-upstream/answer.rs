@@ -2,7 +2,9 @@
 //! in the called API's format by its builder (`chat`, `completions`,
 //! `responses`, `messages`): whole, or as stream events.
 
-use crate::conversation::{arguments_for, pick_tool, scripted_commands, Conversation};
+use crate::conversation::{
+    arguments_for, pick_tool, scripted_answer, scripted_commands, Conversation,
+};
 use crate::options::Kind;
 use crate::tokens::{chat_prompt, generated_text};
 use serde_json::Value;
@@ -52,17 +54,21 @@ impl Answer {
         }
         let conv = Conversation::of(&kind, body);
         let last_user = conv.user_texts.last().cloned().unwrap_or_default();
+        let verbatim = scripted_answer(&last_user);
         let script = scripted_commands(&conv.user_texts);
         let next_command = if script.is_empty() {
             (!conv.last_is_tool_result).then(|| "echo scripted".to_owned())
         } else {
             script.get(conv.tool_results.len()).cloned()
         };
+        let next_command = next_command.filter(|_| verbatim.is_none());
         let tool = next_command.and_then(|cmd| {
             let (name, params) = pick_tool(conv.tools?)?;
             Some((name, arguments_for(params, &cmd)))
         });
-        let text = if !script.is_empty() && !conv.tool_results.is_empty() {
+        let text = if let Some(v) = verbatim {
+            v
+        } else if !script.is_empty() && !conv.tool_results.is_empty() {
             let last = conv.tool_results.last().map(String::as_str).unwrap_or("");
             let last: String = last.trim().chars().take(400).collect();
             format!("Done. The command printed: {last}")

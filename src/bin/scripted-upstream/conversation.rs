@@ -120,6 +120,15 @@ pub(crate) fn scripted_commands(texts: &[String]) -> Vec<String> {
     out
 }
 
+/// The answer a user text scripts with `[[answer: TEXT]]`: TEXT, as it
+/// is (a scripted judge's verdict, say).
+pub(crate) fn scripted_answer(text: &str) -> Option<String> {
+    let i = text.find("[[answer:")?;
+    let after = &text[i + 9..];
+    let end = after.find("]]")?;
+    Some(after[..end].trim().to_owned())
+}
+
 /// What a request's conversation holds, as far as the scripted model cares.
 #[derive(Default)]
 pub(crate) struct Conversation<'a> {

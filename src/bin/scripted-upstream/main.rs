@@ -52,6 +52,9 @@
 //! default), to test translation against, say, a Chat-Completions-only
 //! server; the others answer 404 with an OpenAI error body.
 //!
+//! A last user text carrying `[[answer: TEXT]]` is answered TEXT, as it is,
+//! with no tool call (a scripted judge's verdict).
+//!
 //! The answer text is `Reply to: <last user text>`, so tests can tell calls
 //! apart (on Messages, `role: "system"` messages, `<system-reminder>` text
 //! blocks and the text blocks beside `tool_result` blocks are not user
