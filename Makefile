@@ -141,7 +141,9 @@ bench-tools:
 # nginx, a bare hyper forwarder, rollcall recording, LiteLLM), then the
 # dataset export over 1,000,000 generated call rows (rows/s, peak RSS),
 # then the embedded model's prefill and decode tokens/s, alone and beside
-# llama.cpp's server on the same file.
+# llama.cpp's server on the same file, then `rollcall batch` and serving,
+# then the recipes (teacher scoring tokens/s beside a transformers forward
+# pass, judge trajectories/s against a scripted judge).
 bench: bench-tools $(LITELLM_VENV)/.installed $(VENV)/.llamacpp-installed $(VENV)/.model-installed model harnesses
 	cargo bench --bench record
 	cargo bench --bench compare
@@ -151,6 +153,7 @@ bench: bench-tools $(LITELLM_VENV)/.installed $(VENV)/.llamacpp-installed $(VENV
 	$(MAKE) --no-print-directory task-image
 	$(VENV)/bin/python benches/batch.py --bin $(BIN)
 	$(VENV)/bin/python benches/serving.py --bin $(BIN)
+	$(VENV)/bin/python benches/recipes.py --bin $(BIN)
 
 # The shipped SWE-bench-format task family for `rollcall batch`: real bugs in
 # inflection 0.5.1 (from PyPI), one Docker image per task, built locally

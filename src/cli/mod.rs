@@ -8,6 +8,7 @@ mod grade;
 mod harness;
 mod judge;
 mod model;
+mod rerank;
 mod reward;
 mod run;
 mod score;
@@ -76,6 +77,9 @@ enum Command {
     /// Grade trajectories on a rubric with a judge model (the rubric-based
     /// process reward): new reward revisions R' = R_base + alpha * J.
     Judge(judge::Judge),
+    /// Value reranking: pick one rollout per task with a value model or the
+    /// judge; resolved@1 of the pick beside a random pick's and pass@k.
+    Rerank(rerank::Rerank),
 }
 
 fn init_logs(format: &str) {
@@ -134,6 +138,7 @@ pub fn main() -> ExitCode {
             Command::Model { command } => model::run(command).await,
             Command::Score(s) => s.run().await,
             Command::Judge(j) => j.run().await,
+            Command::Rerank(r) => r.run().await,
             Command::Harness { .. }
             | Command::Export { .. }
             | Command::Import { .. }

@@ -12,6 +12,7 @@
 pub mod client;
 pub mod judge;
 pub mod render;
+pub mod rerank;
 pub mod rescore;
 pub mod revision;
 pub mod reward;

@@ -165,7 +165,7 @@ def test_batch_grades_what_was_really_fixed(family, upstream, tmp_path):
     assert finishes(tmp_path / "shards").keys() == rows.keys()
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["resolved"] == 2 * len(solve), again.stdout
 
-    check_reward_modes(tmp_path, path, rows, solve, wrong)
+    check_reward_modes(tmp_path, path, rows, solve, wrong, upstream)
 
 
 def reward_cli(*args: str) -> dict:
@@ -174,7 +174,7 @@ def reward_cli(*args: str) -> dict:
     return json.loads(p.stdout)
 
 
-def check_reward_modes(tmp_path: Path, tasks: Path, graded: dict, solve: set, wrong: str):
+def check_reward_modes(tmp_path: Path, tasks: Path, graded: dict, solve: set, wrong: str, upstream: str):
     """`rollcall reward` on the batch's graded rollouts: each mode a new
     revision with its terms and provenance, the exports on the latest unless
     told otherwise."""
@@ -224,6 +224,34 @@ def check_reward_modes(tmp_path: Path, tasks: Path, graded: dict, solve: set, wr
         assert p.returncode == 0, p.stderr
         got = {r["rollout_id"]: r["reward"] for r in pq.read_table(out / "sft.parquet").to_pylist()}
         assert got and all(got[rid] == pytest.approx(want[rid]) for rid in got), (flag, got)
+    # Distillation (docs/recipes.md): the batch's model as the teacher; its
+    # resolved rollouts as SFT samples, its unresolved ones cut at their
+    # first failure, and the same in Orchard's schema.
+    solved = {rid for rid, r in graded.items() if r["metadata"]["task"] in solve}
+    distill = tmp_path / "distill"
+    for args in [["sft", "--out", str(distill / "sft"), "--min-reward", "1"],
+                 ["sft", "--out", str(distill / "rest"), "--max-reward", "0", "--truncate-failed", "tool-error"],
+                 ["orchard", "--out", str(distill / "orchard"), "--min-reward", "1"]]:
+        p = subprocess.run([h.rollcall_bin(), "export", *args, "--shards", str(shards), "--reward-revision", "original"],
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+    sft = pq.read_table(distill / "sft" / "sft.parquet").to_pylist()
+    assert {r["rollout_id"] for r in sft} == solved and all(r["reward"] == 1.0 for r in sft)
+    rest = pq.read_table(distill / "rest" / "sft.parquet").to_pylist()
+    assert {r["rollout_id"] for r in rest} == set(graded) - solved
+    orchard = pq.read_table(distill / "orchard" / "orchard.parquet")
+    assert orchard.column_names == ["messages", "tools", "metadata"] and orchard.num_rows >= len(solved)
+
+    # Value reranking of the batch's groups by a scripted value model that
+    # rates every candidate alike: the pick is each group's first sample.
+    p = subprocess.run([h.rollcall_bin(), "rerank", "--shards", str(shards), "--value-model",
+                        f"{upstream}/v1", "--model", "scripted@answer=0.5"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "value pick" in p.stdout and "random pick (expected)" in p.stdout and "pass@k (oracle)" in p.stdout
+    share = len(solve) / len({r["metadata"]["task"] for r in graded.values()})
+    for line in p.stdout.splitlines()[2:]:
+        assert float(line.split()[-1]) == pytest.approx(share), p.stdout
 
 
 def bar_expect(rewards: list[float], n: int = 4, r_min: float = 0.25, r_max: float = 0.75):

@@ -323,3 +323,55 @@ def test_the_embedded_engine_as_judge_counts_its_unparseable_answers(judged_shar
     for rid in misses:
         base = now[rid]["metadata"]["revision"]["base_reward"]
         assert now[rid]["reward"] == base and now[rid]["metadata"]["revision"]["j"] == 0.0
+
+
+# ---------------------------------------------------------------- reranking
+
+def rerank(*args: str) -> dict:
+    r = subprocess.run([h.rollcall_bin(), "rerank", *args, "--json"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+@pytest.fixture
+def candidates(make_proxy):
+    """Three tasks' candidates, graded, each trajectory scripting the value
+    the scripted value model answers for it."""
+    groups = {"g1": [(False, 0.2), (True, 0.9), (False, 0.4)], "g2": [(False, 0.5), (False, 0.6)],
+              "g3": [(True, 0.1), (False, 0.8)]}
+    p = make_proxy()
+    for g, cands in groups.items():
+        for i, (resolved, value) in enumerate(cands):
+            rid = f"{g}-{i}"
+            r = h.post_json(p.url, f"/rollouts/{rid}/v1/chat/completions", {"model": "scripted", "messages": [
+                {"role": "user", "content": f"Solve task {g}. [[answer: {value}]]"}]})
+            assert r.status == 200, r.body
+            meta = {**grade_meta(g, resolved), "group": g}
+            assert h.post_json(p.url, f"/v1/rollouts/{rid}/finish",
+                               {"status": "completed", "reward": float(resolved), "metadata": meta}).status == 200
+    h.wait_for_shards(p.url)
+    p.terminate()
+    return p.shards
+
+
+def test_rerank_prints_the_pick_beside_random_and_pass_at_k(candidates, upstream):
+    rep = rerank("--shards", str(candidates), "--value-model", f"{upstream}/v1", "--model", "scripted")
+    assert (rep["tasks"], rep["candidates"], rep["unscored"], rep["k_min"], rep["k_max"]) == (3, 7, 0, 2, 3), rep
+    picks = {t["group"]: t["pick"] for t in rep["picks"]}
+    assert picks == {"g1": "g1-1", "g2": "g2-1", "g3": "g3-1"}
+    assert rep["pick_resolved_at_1"] == pytest.approx(1 / 3)
+    assert rep["random_resolved_at_1"] == pytest.approx((1 / 3 + 0 + 1 / 2) / 3)
+    assert rep["pass_at_k"] == pytest.approx(2 / 3)
+    text = subprocess.run([h.rollcall_bin(), "rerank", "--shards", str(candidates), "--value-model",
+                           f"{upstream}/v1", "--model", "scripted"], capture_output=True, text=True, timeout=300)
+    assert text.returncode == 0, text.stderr
+    for line in ["value pick", "random pick (expected)", "pass@k (oracle)"]:
+        assert line in text.stdout, text.stdout
+
+
+def test_rerank_by_the_embedded_models_yes_probability(candidates, gguf):
+    rep = rerank("--shards", str(candidates), "--by", "yes", "--value-model", "embedded", "--model-file", str(gguf))
+    assert rep["tasks"] == 3 and rep["unscored"] == 0, rep
+    for t in rep["picks"]:
+        assert all(0.0 <= c["score"] <= 1.0 for c in t["candidates"]), t
+    assert rep["pass_at_k"] == pytest.approx(2 / 3)

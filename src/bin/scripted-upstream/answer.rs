@@ -54,7 +54,10 @@ impl Answer {
         }
         let conv = Conversation::of(&kind, body);
         let last_user = conv.user_texts.last().cloned().unwrap_or_default();
-        let verbatim = scripted_answer(&last_user);
+        let verbatim = crate::options::opts(model)
+            .1
+            .answer
+            .or_else(|| scripted_answer(&last_user));
         let script = scripted_commands(&conv.user_texts);
         let next_command = if script.is_empty() {
             (!conv.last_is_tool_result).then(|| "echo scripted".to_owned())

@@ -35,6 +35,7 @@
 //! | `fault=stream_error` | stream a delta, then an error event |
 //! | `fault=garbage` | answer 200 with a body that is not JSON |
 //! | `fault=malformed` | answer 200 with the API's shape broken: a stream whose events have the wrong types (a Responses `response` that is a string, a chat `choices` that is a number, bytes that are not JSON) and no terminal event; a whole body of the wrong shape |
+//! | `answer=TEXT` | answer TEXT, as it is, with no tool call (a scripted value model) |
 //! | `fault=failed` | stream a delta, then Responses `response.failed` (chat: a chunk with an `error` object, then `[DONE]`) |
 //!
 //! The APIs it serves, each in its provider's own format:

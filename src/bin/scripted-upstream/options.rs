@@ -18,6 +18,8 @@ pub(crate) struct Opts {
     /// Inject the fault only the first N times this exact body is seen
     /// (then answer normally): what an SDK's automatic retry meets.
     pub(crate) fault_times: Option<u32>,
+    /// Answer this text, as it is, to every request (`answer=TEXT`).
+    pub(crate) answer: Option<String>,
 }
 
 /// The model name and its options: `name@key=value@key=value`.
@@ -36,6 +38,7 @@ pub(crate) fn opts(model: &str) -> (String, Opts) {
             "ttfb_ms" => o.ttfb = Duration::from_millis(v.parse().unwrap_or(0)),
             "fault" => o.fault = Some(v.to_owned()),
             "fault_times" => o.fault_times = v.parse().ok(),
+            "answer" => o.answer = Some(v.to_owned()),
             _ => {}
         }
     }
