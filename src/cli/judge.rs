@@ -45,6 +45,19 @@ pub struct Judge {
     /// Longest wait for one judge answer, in seconds (then J = 0).
     #[arg(long, default_value_t = 300)]
     pub timeout: u64,
+    /// Credit assignment instead: score each step of the unresolved
+    /// trajectories (a retrospective value per step and the first critical
+    /// mistake), into the step-scores file `--steps-out`, for `rollcall
+    /// export sft --step-scores`. Rewards are left as they are.
+    #[arg(long, requires = "steps_out")]
+    pub steps: bool,
+    /// The step-scores file (JSONL) `--steps` writes.
+    #[arg(long)]
+    pub steps_out: Option<PathBuf>,
+    /// With `--steps` and no mistake named: a step valued below this is
+    /// the first critical mistake.
+    #[arg(long, default_value_t = 0.5)]
+    pub threshold: f64,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -86,11 +99,29 @@ impl Judge {
                 model: self.model.clone(),
                 temperature: self.temperature,
                 max_tokens: self.max_tokens,
+                steps: match (self.steps, &self.steps_out) {
+                    (true, Some(path)) => Some(crate::recipe::credit::StepsOut {
+                        path: path.clone(),
+                        threshold: self.threshold,
+                    }),
+                    _ => None,
+                },
             },
         )
         .await?;
         if self.json {
             println!("{}", serde_json::to_string_pretty(&r)?);
+        } else if self.steps {
+            println!(
+                "step-scored {} unresolved rollouts with {} ({} resolved left out, {} without a                  grade): {} step scores in {}; {} judge errors (no scores)",
+                r.judged,
+                r.judge,
+                r.resolved_skipped,
+                r.ungraded,
+                r.step_scores,
+                r.file.as_deref().unwrap_or("-"),
+                r.errors
+            );
         } else {
             let f = |x: Option<f64>| x.map_or_else(|| "-".to_owned(), |v| format!("{v:.3}"));
             println!(

@@ -47,6 +47,9 @@ pub struct JudgeOptions {
     pub model: Option<String>,
     pub temperature: f64,
     pub max_tokens: u32,
+    /// Score each step of the unresolved trajectories instead, into this
+    /// step-scores file (see [`super::credit`]).
+    pub steps: Option<super::credit::StepsOut>,
 }
 
 /// What a judging run did.
@@ -64,6 +67,10 @@ pub struct JudgeReport {
     /// Finished without a grade: left as they are.
     pub ungraded: usize,
     pub reference_guided: usize,
+    /// With `--steps`: resolved rollouts (not step-scored) and the step
+    /// scores written.
+    pub resolved_skipped: usize,
+    pub step_scores: usize,
     pub mean_j: Option<f64>,
     pub mean_reward: Option<f64>,
     pub seconds: f64,
@@ -79,6 +86,8 @@ struct Job {
     prompt: String,
     reference_guided: bool,
     steps: usize,
+    /// Per step, the sequence of the call whose answer holds it.
+    step_calls: Vec<Option<i64>>,
 }
 
 /// The job of one rollout, or `None` when it has no grade.
@@ -91,6 +100,14 @@ fn job(
     let g = graded(info)?;
     let conversation = history(calls);
     let st = steps(&conversation);
+    // The k-th assistant message of the history is the k-th call's answer.
+    let mut answered: Vec<i64> = calls
+        .iter()
+        .filter(|c| c.status == "ok" && !c.side_call)
+        .map(|c| c.sequence)
+        .collect();
+    answered.sort_unstable();
+    let step_calls = st.iter().map(|s| answered.get(s.turn).copied()).collect();
     let task = g.task.as_deref().and_then(|t| tasks.get(t));
     let task_text = match task.filter(|t| !t.problem_statement.is_empty()) {
         Some(t) => t.problem_statement.clone(),
@@ -123,6 +140,7 @@ fn job(
         prompt: trajectory(&task_text, &st, &g.patch, reference.as_ref()),
         reference_guided: reference.is_some(),
         steps: st.len(),
+        step_calls,
     })
 }
 
@@ -132,6 +150,7 @@ async fn ask(
     opts: &JudgeOptions,
     system: &str,
     prompt: &str,
+    steps: Option<usize>,
 ) -> (Result<Verdict, String>, Option<String>) {
     let mut body = json!({"messages": [{"role": "system", "content": system},
         {"role": "user", "content": prompt}],
@@ -147,7 +166,11 @@ async fn ask(
                 .pointer("/choices/0/message/content")
                 .and_then(Value::as_str);
             let verdict = match content {
-                Some(c) => opts.rubric.verdict(c).map_err(|why| {
+                Some(c) => match steps {
+                    Some(n) => super::credit::verdict(c, n),
+                    None => opts.rubric.verdict(c),
+                }
+                .map_err(|why| {
                     format!(
                         "unparseable answer ({why}): {}",
                         c.chars().take(200).collect::<String>()
@@ -215,7 +238,12 @@ pub async fn judge(judge: &Server, opts: &JudgeOptions) -> Result<JudgeReport, R
     ) {
         bar.set_style(style);
     }
-    let system = opts.rubric.system_prompt();
+    let system = match &opts.steps {
+        Some(_) => super::credit::SYSTEM.to_owned(),
+        None => opts.rubric.system_prompt(),
+    };
+    let mut resolved_skipped = 0;
+    let step_mode = opts.steps.is_some();
     let mut ungraded = 0;
     let jobs = futures_util::stream::poll_fn({
         let mut rx = rx;
@@ -226,19 +254,32 @@ pub async fn judge(judge: &Server, opts: &JudgeOptions) -> Result<JudgeReport, R
             ungraded += 1;
             bar.inc(1);
         }
+        let j = j.filter(|j| {
+            let keep = !step_mode || j.base < 0.0;
+            if !keep {
+                resolved_skipped += 1;
+                bar.inc(1);
+            }
+            keep
+        });
         async move { j }
     });
     let mut results = Box::pin(
         jobs.map(|j| {
             let system = &system;
             async move {
-                let (v, model) = ask(judge, opts, system, &j.prompt).await;
+                let (prompt, n) = match step_mode {
+                    true => (super::credit::prompt(&j.prompt, j.steps), Some(j.steps)),
+                    false => (j.prompt.clone(), None),
+                };
+                let (v, model) = ask(judge, opts, system, &prompt, n).await;
                 (j, v, model)
             }
         })
         .buffer_unordered(concurrency),
     );
     let (mut rows, mut sum_j, mut sum_r) = (vec![], 0.0, 0.0);
+    let mut lines: Vec<Value> = vec![];
     while let Some((j, verdict, model)) = results.next().await {
         bar.inc(1);
         report.judged += 1;
@@ -248,6 +289,7 @@ pub async fn judge(judge: &Server, opts: &JudgeOptions) -> Result<JudgeReport, R
         if j.reference_guided {
             report.reference_guided += 1;
         }
+        let verdict_steps = verdict.clone();
         let (jv, scores, reasoning, error) = match verdict {
             Ok(v) => (
                 v.j,
@@ -263,9 +305,15 @@ pub async fn judge(judge: &Server, opts: &JudgeOptions) -> Result<JudgeReport, R
                 (0.0, Value::Null, Value::Null, json!(e))
             }
         };
+        if let (Some(out), Ok(v)) = (&opts.steps, &verdict_steps) {
+            lines.extend(super::credit::lines(out, &j.rollout_id, &j.step_calls, v));
+        }
         let reward = j.base + opts.alpha * jv;
         sum_j += jv;
         sum_r += reward;
+        if step_mode {
+            continue;
+        }
         rows.push(revise(
             &j.rollout_id,
             &j.info,
@@ -288,6 +336,15 @@ pub async fn judge(judge: &Server, opts: &JudgeOptions) -> Result<JudgeReport, R
         Err(e) => return Err(RecipeError::Io(format!("the shard reader failed: {e}"))),
     }
     report.ungraded = ungraded;
+    report.resolved_skipped = resolved_skipped;
+    if let Some(out) = &opts.steps {
+        report.step_scores = lines.len();
+        super::credit::write(&out.path, &lines)?;
+        report.file = Some(out.path.display().to_string());
+        report.seconds = started.elapsed().as_secs_f64();
+        report.trajectories_per_s = report.judged as f64 / report.seconds.max(1e-9);
+        return Ok(report);
+    }
     if report.judged > 0 {
         report.mean_j = Some(sum_j / report.judged as f64);
         report.mean_reward = Some(sum_r / report.judged as f64);

@@ -10,6 +10,7 @@
 //! the recorded ones, never over them.
 
 pub mod client;
+pub mod credit;
 pub mod judge;
 pub mod render;
 pub mod rerank;

@@ -169,6 +169,7 @@ mod tests {
     #[test]
     fn a_trajectory_is_rendered_with_its_reference() {
         let steps = vec![Step {
+            turn: 0,
             reasoning: "r".repeat(2000),
             command: "pytest -q".into(),
             observation: "1 passed".into(),

@@ -44,6 +44,7 @@ fn report(f2p: Split, p2p: Split) -> Report {
 
 fn step(command: &str, observation: &str, rc: Option<i64>) -> Step {
     Step {
+        turn: 0,
         reasoning: String::new(),
         command: command.into(),
         observation: observation.into(),

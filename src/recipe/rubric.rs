@@ -46,6 +46,10 @@ pub struct Verdict {
     /// Per rubric key, snapped to the 0.1 grid.
     pub scores: BTreeMap<String, f64>,
     pub j: f64,
+    /// `judge --steps`: each step's retrospective value, and the first
+    /// critical mistake the judge named (1-based).
+    pub step_values: Vec<f64>,
+    pub first_mistake: Option<usize>,
 }
 
 impl Rubric {
@@ -161,6 +165,8 @@ impl Rubric {
             reasoning,
             scores: out,
             j: (sum / weights).clamp(0.0, 1.0),
+            step_values: vec![],
+            first_mistake: None,
         })
     }
 }

@@ -20,6 +20,9 @@ use std::sync::OnceLock;
 /// One step of a trajectory.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Step {
+    /// The assistant message it came from: the how-manieth of the
+    /// conversation's assistant messages (0 for the first).
+    pub turn: usize,
     pub reasoning: String,
     pub command: String,
     pub observation: String,
@@ -117,12 +120,15 @@ pub fn returncode(observation: &str) -> Option<i64> {
 pub fn steps(messages: &[Value]) -> Vec<Step> {
     let mut out: Vec<Step> = vec![];
     let mut i = 0;
+    let mut turn = 0;
     while i < messages.len() {
         let m = &messages[i];
         i += 1;
         if role(m) != "assistant" {
             continue;
         }
+        turn += 1;
+        let turn = turn - 1;
         let text = text_of(m.get("content"));
         let reasoning = m
             .get("reasoning_content")
@@ -147,6 +153,7 @@ pub fn steps(messages: &[Value]) -> Vec<Step> {
                         String::new()
                     },
                     command: command_of(args),
+                    turn,
                     ..Step::default()
                 });
             }
@@ -173,6 +180,7 @@ pub fn steps(messages: &[Value]) -> Vec<Step> {
             let mut step = Step {
                 reasoning: rest,
                 command,
+                turn,
                 ..Step::default()
             };
             if let Some(next) = messages.get(i).filter(|n| role(n) == "user") {
@@ -211,6 +219,7 @@ mod tests {
         );
         assert_eq!((s[0].returncode, s[1].returncode), (Some(2), Some(0)));
         assert_eq!(s[1].command, "cat x.py");
+        assert_eq!((s[0].turn, s[1].turn), (0, 0));
         assert!(s[1].observation.starts_with("print(1)"));
     }
 

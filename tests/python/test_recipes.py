@@ -375,3 +375,58 @@ def test_rerank_by_the_embedded_models_yes_probability(candidates, gguf):
     for t in rep["picks"]:
         assert all(0.0 <= c["score"] <= 1.0 for c in t["candidates"]), t
     assert rep["pass_at_k"] == pytest.approx(2 / 3)
+
+
+# ---------------------------------------------------------------- credit assignment
+
+def test_judge_steps_scores_the_productive_prefix_for_sft(make_proxy, upstream, tmp_path):
+    """`rollcall judge --steps` on an unresolved trajectory of three calls:
+    the scripted judge (its verdict scripted in the task text of the task
+    file) names step 2 the first critical mistake, so the first call keeps
+    weight 1 and the rest 0 in `export sft --step-scores`."""
+    steps_verdict = json.dumps({"reasoning": "Deleting the file lost the way.", "values": [0.8, 0.1],
+                                "first_critical_mistake": 2})
+    task = {"instance_id": "t9", "repo": "acme/pkg", "base_commit": "abc", "test_patch": "",
+            "problem_statement": f"Fix the bug in pkg/core.py. [[answer: {steps_verdict}]]",
+            "FAIL_TO_PASS": ["tests/test_core.py::test_value"], "PASS_TO_PASS": [],
+            "patch": "diff --git a/pkg/core.py b/pkg/core.py\n--- a/pkg/core.py\n+++ b/pkg/core.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"}
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps(task) + "\n")
+    p = make_proxy()
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]
+    history = [{"role": "user", "content": "Fix the bug in pkg/core.py. [[run: ls pkg]] [[run: rm pkg/core.py]]"}]
+    for obs in ["<returncode>0</returncode>\ncore.py", "<returncode>0</returncode>", None]:
+        r = h.post_json(p.url, "/rollouts/s-1/v1/chat/completions",
+                        {"model": "scripted", "messages": history, "tools": tools})
+        assert r.status == 200, r.body
+        if obs:
+            msg = r.json()["choices"][0]["message"]
+            history = history + [msg, {"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": obs}]
+    meta = {**grade_meta("t9", False), "group": "t9"}
+    assert h.post_json(p.url, "/v1/rollouts/s-1/finish", {"status": "completed", "reward": 0.0, "metadata": meta}).status == 200
+    for rid in ["s-ok"]:  # a resolved one is left out
+        assert h.post_json(p.url, f"/rollouts/{rid}/v1/chat/completions",
+                           {"model": "scripted", "messages": history[:1]}).status == 200
+        assert h.post_json(p.url, f"/v1/rollouts/{rid}/finish",
+                           {"status": "completed", "reward": 1.0, "metadata": grade_meta("t9", True)}).status == 200
+    h.wait_for_shards(p.url)
+    p.terminate()
+
+    out = tmp_path / "steps.jsonl"
+    rep = judge("--steps", "--steps-out", str(out), "--judge", f"{upstream}/v1", "--model", "scripted",
+                "--shards", str(p.shards), "--tasks", str(tasks))
+    assert (rep["judged"], rep["resolved_skipped"], rep["errors"], rep["step_scores"]) == (1, 1, 0, 2), rep
+    lines = [json.loads(l) for l in out.read_text().splitlines()]
+    assert [(l["sequence"], l["score"]) for l in lines] == [(0, 1.0), (1, 0.0)]
+    assert all("first critical mistake the judge named" in l["rule"] for l in lines)
+    assert "revision" not in latest_finishes(p.shards)["s-1"]["metadata"]  # rewards untouched
+
+    sft = tmp_path / "sft"
+    r = subprocess.run([h.rollcall_bin(), "export", "sft", "--shards", str(p.shards), "--out", str(sft),
+                        "--step-scores", str(out), "--max-reward", "0"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    (sample,) = pq.read_table(sft / "sft.parquet").to_pylist()  # one segment: the history extends
+    weights = [w for m, w in zip(sample["messages"], sample["loss_weights"]) if m["role"] == "assistant"]
+    assert weights[:2] == [1.0, 0.0], (weights, sample["rule"])
+    assert "step_scores" in sample["rule"]
