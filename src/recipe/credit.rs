@@ -45,14 +45,7 @@ pub fn prompt(rendered: &str, steps: usize) -> String {
 /// Read a step-scoring answer strictly (a Markdown fence around it is taken
 /// off): `values` must have one number in [0, 1] per step.
 pub fn verdict(answer: &str, steps: usize) -> Result<Verdict, String> {
-    let t = answer.trim();
-    let t = t
-        .strip_prefix("```json")
-        .or_else(|| t.strip_prefix("```"))
-        .and_then(|t| t.trim_end().strip_suffix("```"))
-        .unwrap_or(t)
-        .trim();
-    let v: Value = serde_json::from_str(t).map_err(|e| format!("not a JSON object: {e}"))?;
+    let v = super::rubric::json_answer(answer)?;
     let values = v
         .get("values")
         .and_then(Value::as_array)

@@ -39,6 +39,19 @@ pub struct Rubric {
     pub sha256: String,
 }
 
+/// A judge's answer as JSON: the whole answer, a Markdown code fence
+/// around it taken off.
+pub fn json_answer(answer: &str) -> Result<Value, String> {
+    let t = answer.trim();
+    let t = t
+        .strip_prefix("```json")
+        .or_else(|| t.strip_prefix("```"))
+        .and_then(|t| t.trim_end().strip_suffix("```"))
+        .unwrap_or(t)
+        .trim();
+    serde_json::from_str(t).map_err(|e| format!("not a JSON object: {e}"))
+}
+
 /// A judge's parsed answer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Verdict {
@@ -123,14 +136,7 @@ impl Rubric {
     /// fence around it is taken off), a `reasoning` string and a `scores`
     /// object with a number in [0, 1] for every rubric key and no other.
     pub fn verdict(&self, answer: &str) -> Result<Verdict, String> {
-        let t = answer.trim();
-        let t = t
-            .strip_prefix("```json")
-            .or_else(|| t.strip_prefix("```"))
-            .and_then(|t| t.trim_end().strip_suffix("```"))
-            .unwrap_or(t)
-            .trim();
-        let v: Value = serde_json::from_str(t).map_err(|e| format!("not a JSON object: {e}"))?;
+        let v = json_answer(answer)?;
         let reasoning = v
             .get("reasoning")
             .and_then(Value::as_str)

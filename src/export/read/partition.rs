@@ -138,10 +138,8 @@ impl Partitions {
             }
             buf.clear();
             encode(&c, &mut buf);
-            let w = &mut writers[(stable_hash(groups.of(&c.rollout_id)) % n as u64) as usize];
-            w.write_all(&(buf.len() as u32).to_le_bytes())
-                .and_then(|()| w.write_all(&buf))
-                .map_err(io)
+            let part = stable_hash(groups.of(&c.rollout_id)) % n as u64;
+            put(&mut writers[part as usize], &buf).map_err(io)
         })?;
         for w in writers {
             w.into_inner().map_err(|e| io(e.into_error()))?;
@@ -150,10 +148,8 @@ impl Partitions {
         for_each_score(dir, |s| {
             buf.clear();
             encode_score(&s, &mut buf);
-            let w = &mut writers[(stable_hash(groups.of(&s.rollout_id)) % n as u64) as usize];
-            w.write_all(&(buf.len() as u32).to_le_bytes())
-                .and_then(|()| w.write_all(&buf))
-                .map_err(io)
+            let part = stable_hash(groups.of(&s.rollout_id)) % n as u64;
+            put(&mut writers[part as usize], &buf).map_err(io)
         })?;
         for w in writers {
             w.into_inner().map_err(|e| io(e.into_error()))?;
@@ -204,6 +200,12 @@ impl Partitions {
         }
         Ok(v)
     }
+}
+
+/// Append one length-prefixed record to a spill file.
+fn put(w: &mut impl Write, record: &[u8]) -> std::io::Result<()> {
+    w.write_all(&(record.len() as u32).to_le_bytes())?;
+    w.write_all(record)
 }
 
 /// The records of one spill file (removed once read).

@@ -135,6 +135,7 @@ fn trainer_shapes_have_their_names() {
             "response_length",
             "loss_mask",
             "rollout_log_probs",
+            "teacher_log_probs",
             "reward",
             "status",
             "metadata"
