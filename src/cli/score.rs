@@ -14,7 +14,7 @@ use std::time::Duration;
 #[derive(Args)]
 pub struct Score {
     /// The teacher: an OpenAI-compatible base URL that scores prompts as
-    /// vLLM does (`prompt_logprobs`; vLLM, SGLang, `rollcall model serve`),
+    /// vLLM does (`prompt_logprobs`: vLLM, `rollcall model serve`),
     /// or `embedded` for the embedded engine.
     #[arg(long)]
     pub teacher: String,

@@ -1,6 +1,6 @@
-//! A teacher: an OpenAI-compatible server in vLLM's shape (vLLM, SGLang's
-//! OpenAI server, rollcall's embedded model server), asked for the logprob
-//! of every token of an exact id sequence.
+//! A teacher: an OpenAI-compatible server in vLLM's shape (vLLM, rollcall's
+//! embedded model server), asked for the logprob of every token of an
+//! exact id sequence.
 //!
 //! One request per call: `POST {base}/completions` with the prompt ids and
 //! the completion ids as one token-id prompt, `prompt_logprobs: 0` (the
