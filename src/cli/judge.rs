@@ -119,7 +119,7 @@ impl Judge {
                 r.resolved_skipped,
                 r.ungraded,
                 r.step_scores,
-                r.file.as_deref().unwrap_or("-"),
+                r.files.first().map_or("-", String::as_str),
                 r.errors
             );
         } else {

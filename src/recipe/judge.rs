@@ -33,6 +33,8 @@ use std::time::Instant;
 
 /// What the reader returns when it was told to stop.
 const STOP: &str = "rollcall judge: reading stopped";
+/// Revisions published per file: a run cut short keeps what it judged.
+const ROWS_PER_FILE: usize = 512;
 
 /// How to judge.
 #[derive(Debug, Clone)]
@@ -75,7 +77,8 @@ pub struct JudgeReport {
     pub mean_reward: Option<f64>,
     pub seconds: f64,
     pub trajectories_per_s: f64,
-    pub file: Option<String>,
+    /// The revision shards written (or, with `--steps`, the step-scores file).
+    pub files: Vec<String>,
 }
 
 /// One rollout to judge.
@@ -311,6 +314,7 @@ pub async fn judge(judge: &Server, opts: &JudgeOptions) -> Result<JudgeReport, R
         let reward = j.base + opts.alpha * jv;
         sum_j += jv;
         sum_r += reward;
+        bar.set_message(format!("{} errors", report.errors));
         if step_mode {
             continue;
         }
@@ -325,7 +329,11 @@ pub async fn judge(judge: &Server, opts: &JudgeOptions) -> Result<JudgeReport, R
                 "base_reward": j.base, "reference_guided": j.reference_guided,
                 "steps": j.steps}),
         ));
-        bar.set_message(format!("{} errors", report.errors));
+        if rows.len() >= ROWS_PER_FILE {
+            report.files.extend(
+                write(&opts.shards, std::mem::take(&mut rows))?.map(|p| p.display().to_string()),
+            );
+        }
     }
     drop(results);
     bar.finish_and_clear();
@@ -340,7 +348,7 @@ pub async fn judge(judge: &Server, opts: &JudgeOptions) -> Result<JudgeReport, R
     if let Some(out) = &opts.steps {
         report.step_scores = lines.len();
         super::credit::write(&out.path, &lines)?;
-        report.file = Some(out.path.display().to_string());
+        report.files = vec![out.path.display().to_string()];
         report.seconds = started.elapsed().as_secs_f64();
         report.trajectories_per_s = report.judged as f64 / report.seconds.max(1e-9);
         return Ok(report);
@@ -349,7 +357,9 @@ pub async fn judge(judge: &Server, opts: &JudgeOptions) -> Result<JudgeReport, R
         report.mean_j = Some(sum_j / report.judged as f64);
         report.mean_reward = Some(sum_r / report.judged as f64);
     }
-    report.file = write(&opts.shards, rows)?.map(|p| p.display().to_string());
+    report
+        .files
+        .extend(write(&opts.shards, rows)?.map(|p| p.display().to_string()));
     report.seconds = started.elapsed().as_secs_f64();
     report.trajectories_per_s = report.judged as f64 / report.seconds.max(1e-9);
     Ok(report)
