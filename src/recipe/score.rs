@@ -277,6 +277,7 @@ impl Counts {
         if c.status != "ok" {
             self.not_ok += 1;
         } else if c.side_call {
+            // Outside the trajectory: no export carries it, so it is not scored.
         } else if !eligible(c) {
             self.no_ids += 1;
         } else if done.contains(&(c.rollout_id.clone(), c.sequence)) {
@@ -288,6 +289,7 @@ impl Counts {
     }
 }
 
+/// The receiver as a stream.
 fn tokio_stream_of<T: Send + 'static>(
     mut rx: tokio::sync::mpsc::Receiver<T>,
 ) -> impl futures_util::Stream<Item = T> {
