@@ -47,6 +47,23 @@ READY_TIMEOUT = 30.0
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def plain_model_from_gguf(gguf: Path):
+    """transformers' tokenizer and a plain float32 model holding a GGUF
+    file's weights: what a trainer's checkpoint directory is saved from (a
+    GGUF-loaded model is marked quantized and refuses `save_pretrained`)."""
+    import torch
+    import transformers
+    tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    return tok, model
+
+
 def model_file() -> Path:
     """The shipped model: ROLLCALL_MODEL_FILE, or where `rollcall model fetch`
     caches it (`$ROLLCALL_CACHE`, `$XDG_CACHE_HOME/rollcall` or

@@ -30,17 +30,7 @@ def trained(gguf, tmp_path_factory):
     """A checkpoint directory as a trainer writes it, and transformers'
     greedy answer (token ids) from it."""
     out = tmp_path_factory.mktemp("checkpoint") / "step-1"
-    tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    # A GGUF-loaded model is marked quantized and refuses save_pretrained:
-    # the same weights go into a plain model of the same config.
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        delattr(config, "quantization_config")
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict())
-    del loaded
+    tok, model = h.plain_model_from_gguf(gguf)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():

@@ -158,14 +158,7 @@ def other_vocabulary(gguf, tmp_path_factory):
     """A Hugging Face checkpoint of the same model whose tokenizer gives the
     ids other strings: its vocabulary is not the student's."""
     out = tmp_path_factory.mktemp("other-vocab") / "ckpt"
-    tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        delattr(config, "quantization_config")
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict())
+    tok, model = h.plain_model_from_gguf(gguf)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     spec = json.loads((out / "tokenizer.json").read_text())
