@@ -21,6 +21,7 @@ pub mod redact;
 pub mod rollout;
 pub mod server;
 pub mod upstream;
+pub mod view;
 
 /// Microseconds since the Unix epoch, the unit of every timestamp we record.
 pub fn now_micros() -> i64 {

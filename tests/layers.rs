@@ -22,6 +22,11 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
     ("rollout", &["server", "upstream", "app", "cli"]),
     // So do the recipes (teachers and judges are model servers).
     ("recipe", &["server", "upstream", "app", "cli", "rollout"]),
+    // The viewer reads the shards as the exports do.
+    (
+        "view",
+        &["server", "upstream", "app", "cli", "rollout", "recipe"],
+    ),
 ];
 
 /// Modules that import nothing of the crate: the ground floor.

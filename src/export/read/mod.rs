@@ -353,6 +353,77 @@ pub fn for_each_call(
     Ok(n)
 }
 
+/// The few columns of a call that a listing needs: no bodies, no ids.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CallBrief {
+    pub rollout_id: String,
+    pub sequence: i64,
+    pub model: Option<String>,
+    pub route: Option<String>,
+    pub status: String,
+    pub prompt_tokens: Option<i64>,
+    pub completion_tokens: Option<i64>,
+    pub received_at: i64,
+    pub done_at: Option<i64>,
+    pub policy_version: Option<i64>,
+    pub user_agent: Option<String>,
+    pub side_call: bool,
+}
+
+/// Stream every call of the shards in `dir` as a [`CallBrief`], reading
+/// only those columns.
+pub fn for_each_call_brief(
+    dir: &Path,
+    mut each: impl FnMut(CallBrief) -> Result<(), ExportError>,
+) -> Result<usize, ExportError> {
+    const COLS: &[&str] = &[
+        "rollout_id",
+        "sequence",
+        "model",
+        "route",
+        "status",
+        "prompt_tokens",
+        "completion_tokens",
+        "received_at",
+        "done_at",
+        "policy_version",
+        "user_agent",
+        "side_call",
+    ];
+    let mut n = 0;
+    for path in shard_files(dir, "calls")? {
+        for batch in open_projected(&path, COLS)? {
+            let b = batch.map_err(|e| shard_err(&path, e))?;
+            for i in 0..b.num_rows() {
+                let (Some(rollout_id), Some(sequence)) = (
+                    str_at(col(&b, "rollout_id"), i),
+                    i64_at(col(&b, "sequence"), i),
+                ) else {
+                    continue;
+                };
+                each(CallBrief {
+                    rollout_id,
+                    sequence,
+                    model: str_at(col(&b, "model"), i),
+                    route: str_at(col(&b, "route"), i),
+                    status: str_at(col(&b, "status"), i).unwrap_or_default(),
+                    prompt_tokens: i64_at(col(&b, "prompt_tokens"), i),
+                    completion_tokens: i64_at(col(&b, "completion_tokens"), i),
+                    received_at: i64_at(col(&b, "received_at"), i).unwrap_or(0),
+                    done_at: i64_at(col(&b, "done_at"), i),
+                    policy_version: i64_at(col(&b, "policy_version"), i),
+                    user_agent: str_at(col(&b, "user_agent"), i),
+                    side_call: col(&b, "side_call")
+                        .and_then(|c| c.as_boolean_opt())
+                        .is_some_and(|c| c.is_valid(i) && c.value(i)),
+                })?;
+                n += 1;
+            }
+        }
+    }
+    Ok(n)
+}
+
 /// Stream every teacher score of the shards in `dir` (none when there is no
 /// `scores/` folder) to `each`.
 pub fn for_each_score(

@@ -1,0 +1,347 @@
+//! The rollouts list behind `rollcall view`: one summary per rollout, built
+//! in one pass over the shards' small columns (the calls' bodies and token
+//! ids are never read), and queried on the server, a page at a time, with a
+//! filter and a sort on any column.
+
+use crate::export::read::{for_each_call_brief, read_rollouts, RolloutInfo};
+use crate::export::{group_of, ExportError};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// One rollout, as the list shows it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Summary {
+    pub rollout_id: String,
+    /// Finish metadata `harness`, else the first call's user agent.
+    pub harness: Option<String>,
+    /// The last call's model and route.
+    pub model: Option<String>,
+    pub route: Option<String>,
+    /// The finish status; `None` while the rollout has not finished.
+    pub status: Option<String>,
+    pub reward: Option<f64>,
+    /// The latest reward revision (0: as finished).
+    pub revision: i64,
+    pub calls: usize,
+    pub failed_calls: usize,
+    /// Prompt + completion tokens, as the calls' usage gives them.
+    pub tokens: i64,
+    /// The first call received, and the last call done (µs).
+    pub started_at: Option<i64>,
+    pub ended_at: Option<i64>,
+    pub group: String,
+    /// The oldest and newest policy version its calls ran under.
+    pub policy_versions: Option<(i64, i64)>,
+}
+
+impl Summary {
+    /// Duration in seconds, first call to last answer.
+    pub fn seconds(&self) -> Option<f64> {
+        Some((self.ended_at? - self.started_at?) as f64 / 1e6)
+    }
+}
+
+/// A column to sort by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Column {
+    #[default]
+    RolloutId,
+    Harness,
+    Model,
+    Route,
+    Status,
+    Reward,
+    Calls,
+    Tokens,
+    Duration,
+    Group,
+    PolicyVersion,
+}
+
+impl std::str::FromStr for Column {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Column, String> {
+        Ok(match s {
+            "rollout_id" | "id" => Column::RolloutId,
+            "harness" => Column::Harness,
+            "model" => Column::Model,
+            "route" => Column::Route,
+            "status" => Column::Status,
+            "reward" => Column::Reward,
+            "calls" => Column::Calls,
+            "tokens" => Column::Tokens,
+            "duration" => Column::Duration,
+            "group" => Column::Group,
+            "policy_version" => Column::PolicyVersion,
+            other => return Err(format!("no column {other:?} to sort by")),
+        })
+    }
+}
+
+/// What a page of the list asks for.
+#[derive(Debug, Clone, Default)]
+pub struct Query {
+    /// The finish status (`unfinished` for none).
+    pub status: Option<String>,
+    pub min_reward: Option<f64>,
+    pub max_reward: Option<f64>,
+    /// Text that the rollout id, harness, model, route or group contains.
+    pub text: Option<String>,
+    pub sort: Column,
+    pub descending: bool,
+    pub offset: usize,
+    pub limit: usize,
+}
+
+/// One page of the list, and how many rollouts passed the filter.
+#[derive(Debug)]
+pub struct Page<'a> {
+    pub total: usize,
+    pub rows: Vec<&'a Summary>,
+}
+
+/// Every rollout of a shards directory.
+#[derive(Debug, Default)]
+pub struct Index {
+    pub rollouts: Vec<Summary>,
+}
+
+fn harness_of(info: Option<&RolloutInfo>) -> Option<String> {
+    info.and_then(|i| i.meta_str("harness"))
+}
+
+impl Index {
+    /// Read the shards: the finish rows, then the calls' small columns.
+    pub fn build(shards: &Path) -> Result<Index, ExportError> {
+        let finishes = read_rollouts(shards)?;
+        let mut by_id: HashMap<String, Summary> = HashMap::new();
+        for_each_call_brief(shards, |c| {
+            let s = by_id
+                .entry(c.rollout_id.clone())
+                .or_insert_with(|| Summary {
+                    rollout_id: c.rollout_id.clone(),
+                    ..Summary::default()
+                });
+            s.calls += 1;
+            if c.status != "ok" {
+                s.failed_calls += 1;
+            }
+            s.tokens += c.prompt_tokens.unwrap_or(0) + c.completion_tokens.unwrap_or(0);
+            if s.started_at.is_none_or(|t| c.received_at < t) {
+                s.started_at = Some(c.received_at);
+                if s.harness.is_none() {
+                    s.harness.clone_from(&c.user_agent);
+                }
+            }
+            let end = c.done_at.unwrap_or(c.received_at);
+            if s.ended_at.is_none_or(|t| end >= t) {
+                s.ended_at = Some(end);
+                if !c.side_call {
+                    (s.model, s.route) = (c.model.clone(), c.route.clone());
+                }
+            }
+            if let Some(v) = c.policy_version {
+                s.policy_versions = Some(
+                    s.policy_versions
+                        .map_or((v, v), |(lo, hi)| (lo.min(v), hi.max(v))),
+                );
+            }
+            Ok(())
+        })
+        .or_else(|e| match e {
+            // Finished rollouts without a call are still listed.
+            ExportError::NoShards(_) => Ok(0),
+            e => Err(e),
+        })?;
+        for id in finishes.keys() {
+            by_id.entry(id.clone()).or_insert_with(|| Summary {
+                rollout_id: id.clone(),
+                ..Summary::default()
+            });
+        }
+        let mut rollouts: Vec<Summary> = by_id
+            .into_values()
+            .map(|mut s| {
+                let info = finishes.get(&s.rollout_id);
+                if let Some(h) = harness_of(info) {
+                    s.harness = Some(h);
+                }
+                s.status = info.map(|i| i.status.clone());
+                s.reward = info.and_then(|i| i.reward);
+                s.revision = info.map_or(0, |i| i.revision);
+                s.group = group_of(&s.rollout_id, info, None);
+                s
+            })
+            .collect();
+        rollouts.sort_by(|a, b| a.rollout_id.cmp(&b.rollout_id));
+        Ok(Index { rollouts })
+    }
+
+    /// The page `q` asks for.
+    pub fn query(&self, q: &Query) -> Page<'_> {
+        let text = q.text.as_deref().map(str::to_lowercase);
+        let has = |v: &Option<String>, t: &str| {
+            v.as_deref().is_some_and(|v| v.to_lowercase().contains(t))
+        };
+        let mut rows: Vec<&Summary> = self
+            .rollouts
+            .iter()
+            .filter(|s| match q.status.as_deref() {
+                None | Some("") => true,
+                Some("unfinished") => s.status.is_none(),
+                Some(st) => s.status.as_deref() == Some(st),
+            })
+            .filter(|s| {
+                q.min_reward
+                    .is_none_or(|m| s.reward.is_some_and(|r| r >= m))
+            })
+            .filter(|s| {
+                q.max_reward
+                    .is_none_or(|m| s.reward.is_some_and(|r| r <= m))
+            })
+            .filter(|s| match &text {
+                None => true,
+                Some(t) => {
+                    s.rollout_id.to_lowercase().contains(t.as_str())
+                        || s.group.to_lowercase().contains(t.as_str())
+                        || has(&s.harness, t)
+                        || has(&s.model, t)
+                        || has(&s.route, t)
+                }
+            })
+            .collect();
+        let f = |x: Option<f64>| x.unwrap_or(f64::NEG_INFINITY);
+        rows.sort_by(|a, b| {
+            let o = match q.sort {
+                Column::RolloutId => std::cmp::Ordering::Equal,
+                Column::Harness => a.harness.cmp(&b.harness),
+                Column::Model => a.model.cmp(&b.model),
+                Column::Route => a.route.cmp(&b.route),
+                Column::Status => a.status.cmp(&b.status),
+                Column::Reward => f(a.reward).total_cmp(&f(b.reward)),
+                Column::Calls => a.calls.cmp(&b.calls),
+                Column::Tokens => a.tokens.cmp(&b.tokens),
+                Column::Duration => f(a.seconds()).total_cmp(&f(b.seconds())),
+                Column::Group => a.group.cmp(&b.group),
+                Column::PolicyVersion => a.policy_versions.cmp(&b.policy_versions),
+            };
+            let o = o.then_with(|| a.rollout_id.cmp(&b.rollout_id));
+            if q.descending {
+                o.reverse()
+            } else {
+                o
+            }
+        });
+        let total = rows.len();
+        let rows = rows
+            .into_iter()
+            .skip(q.offset)
+            .take(q.limit.max(1))
+            .collect();
+        Page { total, rows }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ShardConfig;
+    use crate::export::read::partition_tests::call_row;
+    use crate::record::shard::write_now;
+    use crate::record::RolloutFinish;
+
+    #[test]
+    fn the_list_is_built_from_small_columns_and_paged_on_the_server() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = ShardConfig {
+            dir: dir.path().to_path_buf(),
+            ..ShardConfig::default()
+        };
+        let mut calls = vec![];
+        for r in 0..30 {
+            for s in 0..(r % 3 + 1) {
+                let mut c = call_row(&format!("r{r:02}"), s);
+                c.prompt_tokens = Some(10);
+                c.completion_tokens = Some(5);
+                c.user_agent = Some("codex_exec/0.1".into());
+                if r == 4 && s == 1 {
+                    c.status = "failed".into();
+                }
+                calls.push(c);
+            }
+        }
+        write_now(&cfg, calls).expect("calls");
+        let fin = |r: usize| RolloutFinish {
+            record_id: format!("f{r}"),
+            rollout_id: format!("r{r:02}"),
+            status: if r.is_multiple_of(2) {
+                "completed"
+            } else {
+                "timeout"
+            }
+            .into(),
+            reward: Some(r as f64 / 10.0),
+            metadata: Some(format!(
+                r#"{{"group": "g{}", "harness": "mini-swe-agent"}}"#,
+                r % 5
+            )),
+            finished_at: 1_000 + r as i64,
+            calls: 1,
+        };
+        let mut fins: Vec<RolloutFinish> = (0..20).map(fin).collect();
+        // Finished without a call.
+        fins.push(RolloutFinish {
+            rollout_id: "lonely".into(),
+            ..fin(99)
+        });
+        write_now(&cfg, fins).expect("rollouts");
+        let ix = Index::build(dir.path()).expect("index");
+        assert_eq!(ix.rollouts.len(), 31);
+        let r4 = ix.rollouts.iter().find(|s| s.rollout_id == "r04").unwrap();
+        assert_eq!((r4.calls, r4.failed_calls, r4.tokens), (2, 1, 30));
+        assert_eq!(r4.harness.as_deref(), Some("mini-swe-agent"));
+        assert_eq!(
+            (r4.group.as_str(), r4.status.as_deref()),
+            ("g4", Some("completed"))
+        );
+        let r25 = ix.rollouts.iter().find(|s| s.rollout_id == "r25").unwrap();
+        assert_eq!(r25.status, None);
+        assert_eq!(r25.harness.as_deref(), Some("codex_exec/0.1"));
+
+        let page = ix.query(&Query {
+            status: Some("completed".into()),
+            min_reward: Some(0.5),
+            sort: Column::Reward,
+            descending: true,
+            limit: 3,
+            ..Query::default()
+        });
+        assert_eq!(page.total, 7); // r06 … r18 ("lonely", 9.9, timed out)
+        let ids: Vec<&str> = page.rows.iter().map(|s| s.rollout_id.as_str()).collect();
+        assert_eq!(ids, ["r18", "r16", "r14"]);
+        let next = ix.query(&Query {
+            status: Some("completed".into()),
+            min_reward: Some(0.5),
+            sort: Column::Reward,
+            descending: true,
+            offset: 3,
+            limit: 3,
+            ..Query::default()
+        });
+        let ids: Vec<&str> = next.rows.iter().map(|s| s.rollout_id.as_str()).collect();
+        assert_eq!(ids, ["r12", "r10", "r08"]);
+        let unfinished = ix.query(&Query {
+            status: Some("unfinished".into()),
+            limit: 100,
+            ..Query::default()
+        });
+        assert_eq!(unfinished.total, 10);
+        let text = ix.query(&Query {
+            text: Some("G3".into()),
+            limit: 100,
+            ..Query::default()
+        });
+        assert_eq!(text.total, 4); // r03, r08, r13, r18
+        assert!("nope".parse::<Column>().is_err());
+    }
+}

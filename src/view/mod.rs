@@ -1,0 +1,6 @@
+//! `rollcall view` (issue 18, in progress): what the agents did, from the
+//! shards. So far the rollouts list's index ([`index`]): one summary per
+//! rollout from the shards' small columns, filtered, sorted and paged on
+//! the server. The web pages are not built yet.
+
+pub mod index;
