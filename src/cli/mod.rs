@@ -13,6 +13,7 @@ mod reward;
 mod run;
 mod score;
 mod serve;
+mod view;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -80,6 +81,8 @@ enum Command {
     /// Value reranking: pick one rollout per task with a value model or the
     /// judge; resolved@1 of the pick beside a random pick's and pass@k.
     Rerank(rerank::Rerank),
+    /// A local web page of the shards' rollouts.
+    View(view::View),
 }
 
 fn init_logs(format: &str) {
@@ -139,6 +142,7 @@ pub fn main() -> ExitCode {
             Command::Score(s) => s.run().await,
             Command::Judge(j) => j.run().await,
             Command::Rerank(r) => r.run().await,
+            Command::View(v) => v.run().await,
             Command::Harness { .. }
             | Command::Export { .. }
             | Command::Import { .. }
