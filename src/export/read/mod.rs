@@ -272,6 +272,12 @@ fn i64_at(c: Option<&ArrayRef>, i: usize) -> Option<i64> {
     }
 }
 
+/// A boolean cell; false when null or absent.
+fn bool_at(c: Option<&ArrayRef>, i: usize) -> bool {
+    c.and_then(|c| c.as_boolean_opt())
+        .is_some_and(|c| c.is_valid(i) && c.value(i))
+}
+
 fn ids_at(c: Option<&ArrayRef>, i: usize) -> Option<Vec<i32>> {
     let c = c?;
     if c.is_null(i) {
@@ -339,9 +345,7 @@ pub fn for_each_call(
                     completion_tokens: i64_at(col(&b, "completion_tokens"), i),
                     policy_version: i64_at(col(&b, "policy_version"), i),
                     attempt_of: i64_at(col(&b, "attempt_of"), i),
-                    side_call: col(&b, "side_call")
-                        .and_then(|c| c.as_boolean_opt())
-                        .is_some_and(|c| c.is_valid(i) && c.value(i)),
+                    side_call: bool_at(col(&b, "side_call"), i),
                     history_len: None,
                     continued: str_at(col(&b, "continued"), i),
                     teacher_logprobs: None,
@@ -413,9 +417,7 @@ pub fn for_each_call_brief(
                     done_at: i64_at(col(&b, "done_at"), i),
                     policy_version: i64_at(col(&b, "policy_version"), i),
                     user_agent: str_at(col(&b, "user_agent"), i),
-                    side_call: col(&b, "side_call")
-                        .and_then(|c| c.as_boolean_opt())
-                        .is_some_and(|c| c.is_valid(i) && c.value(i)),
+                    side_call: bool_at(col(&b, "side_call"), i),
                 })?;
                 n += 1;
             }
