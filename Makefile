@@ -11,7 +11,7 @@ BIN := target/release/rollcall
 ROLLCALL_CACHE_DIR := $(or $(ROLLCALL_CACHE),$(if $(XDG_CACHE_HOME),$(XDG_CACHE_HOME)/rollcall),$(HOME)/.cache/rollcall)
 HARNESS_DIR ?= $(ROLLCALL_CACHE_DIR)/harnesses
 
-.PHONY: all build test lint demo bench bench-tools clean harnesses fixtures model docker task-image
+.PHONY: all build test lint demo bench bench-tools browser clean harnesses fixtures model docker task-image
 
 all: build
 
@@ -89,7 +89,7 @@ docker:
 # Rust unit and integration tests, then the Python suite (openai SDK,
 # pyarrow, DuckDB, real harness CLIs, Docker and the task images for
 # `rollcall batch`) against the debug binary.
-test: $(VENV)/.installed $(VENV)/.model-installed $(TRAINERS_VENV)/.installed $(VENV)/.llamacpp-installed harnesses task-image
+test: $(VENV)/.installed $(VENV)/.model-installed $(TRAINERS_VENV)/.installed $(VENV)/.llamacpp-installed harnesses task-image browser
 	cargo test
 	target/debug/rollcall model fetch --python $(VENV)/bin/python
 	ROLLCALL_HARNESS_DIR=$(HARNESS_DIR) \
@@ -137,6 +137,16 @@ bench-tools:
 		fi; \
 	fi
 
+# Headless Chromium and its matching driver from Debian, for the viewer's
+# browser tests (tests/python/test_view_browser.py drives them with Selenium
+# at /usr/bin/chromium and /usr/bin/chromedriver; nothing is downloaded
+# from the web). Idempotent: nothing to do when both are there.
+browser:
+	@if ! test -x /usr/bin/chromium || ! test -x /usr/bin/chromedriver; then \
+		$(SUDO) apt-get install -y chromium chromium-driver || \
+			{ $(SUDO) apt-get update && $(SUDO) apt-get install -y chromium chromium-driver; } || exit 1; \
+	fi
+
 # Criterion benches, then the hot path side by side under wrk (direct,
 # nginx, a bare hyper forwarder, rollcall recording, LiteLLM), then the
 # dataset export over 1,000,000 generated call rows (rows/s, peak RSS),
@@ -149,6 +159,7 @@ bench: bench-tools $(LITELLM_VENV)/.installed $(VENV)/.llamacpp-installed $(VENV
 	cargo bench --bench compare
 	cargo bench --bench export
 	cargo bench --bench model
+	cargo bench --bench view
 	$(VENV)/bin/python benches/engine_vs_llamacpp.py --bin $(BIN)
 	$(MAKE) --no-print-directory task-image
 	$(VENV)/bin/python benches/batch.py --bin $(BIN)

@@ -6,7 +6,8 @@
 //!                    Recorder + WAL replay (record)  ─▶ Server (server) ─▶ run
 //! ```
 //!
-//! Every other module takes only its own section of the config.
+//! Every other module takes only its own section of the config. With
+//! `--view`, [`start_view`] serves the viewer of the same shards beside it.
 
 use crate::config::{Config, ConfigError, RouteKind};
 use crate::record::Recorder;
@@ -29,6 +30,9 @@ pub enum StartError {
     /// {0}
     #[error(transparent)]
     Listen(#[from] crate::server::ListenError),
+    /// {0}
+    #[error(transparent)]
+    View(#[from] crate::view::live::ViewError),
 }
 
 /// Build a server from `config`: validate it, start the embedded routes'
@@ -79,6 +83,18 @@ pub async fn build(mut config: Config) -> Result<Server, StartError> {
     })
     .await?;
     Ok(server)
+}
+
+/// Serve the viewer of `shards` (the proxy's own) on `addr`, on a task of
+/// its own, its index rebuilt as the proxy publishes shards; the address
+/// bound. Call it after [`build`], which creates the directory.
+pub async fn start_view(
+    shards: std::path::PathBuf,
+    addr: std::net::SocketAddr,
+) -> Result<std::net::SocketAddr, StartError> {
+    let (bound, _, run) = crate::view::live::start(shards, addr).await?;
+    tokio::spawn(run);
+    Ok(bound)
 }
 
 /// The keys in environment variable `var` (named by setting `what`),

@@ -30,6 +30,10 @@ pub struct Serve {
     /// fetch` cached).
     #[arg(long)]
     pub model_file: Option<PathBuf>,
+    /// Also serve the viewer of the shards (`rollcall view`) on this
+    /// address, showing rows as they are published.
+    #[arg(long, value_name = "ADDR")]
+    pub view: Option<SocketAddr>,
 }
 
 impl Serve {
@@ -41,6 +45,7 @@ impl Serve {
             shards,
             upstream_kind,
             model_file,
+            view,
         } = self;
         let mut cfg = match &config {
             Some(p) => Config::load(p)?,
@@ -80,8 +85,15 @@ impl Serve {
         }
         let shards = cfg.shards.dir.clone();
         let server = crate::app::build(cfg).await?;
+        let viewer = match view {
+            Some(addr) => Some(crate::app::start_view(shards.clone(), addr).await?),
+            None => None,
+        };
         let stop = crate::http::shutdown_signal();
         println!("rollcall listening on http://{}", server.addr);
+        if let Some(addr) = viewer {
+            println!("rollcall view listening on http://{addr}");
+        }
         tracing::info!(addr = %server.addr, shards = %shards.display(), "serving");
         server.run(stop).await;
         Ok(0)

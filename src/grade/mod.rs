@@ -29,7 +29,7 @@ pub use instance::{
 pub use load::{load_tasks, LoadError};
 pub use parse::{ParseCrash, Parser, StatusMap, TestStatus};
 pub use report::{
-    grade, logs_eval, resolution_status, test_failed, test_passed, tests_report,
+    grade, logs_eval, pass_at_k, resolution_status, test_failed, test_passed, tests_report,
     universal_newlines, EvalType, Grade, GradeError, Report, Resolution, Split, APPLY_PATCH_FAIL,
     APPLY_PATCH_PASS, END_TEST_OUTPUT, RESET_FAILED, START_TEST_OUTPUT, TESTS_ERROR, TESTS_TIMEOUT,
 };

@@ -260,3 +260,20 @@ pub fn grade(instance: &Instance, log: &str) -> Grade {
         error: None,
     }
 }
+
+/// The unbiased pass@k estimate from `n` graded samples with `c` right
+/// (Chen et al. 2021): 1 - C(n-c, k) / C(n, k), with k capped at n.
+pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
+    let k = k.min(n);
+    if n == 0 || k == 0 {
+        return 0.0;
+    }
+    if n - c < k {
+        return 1.0;
+    }
+    let mut miss = 1.0;
+    for i in (n - c + 1)..=n {
+        miss *= 1.0 - k as f64 / i as f64;
+    }
+    1.0 - miss
+}

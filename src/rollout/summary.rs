@@ -3,7 +3,7 @@
 
 use super::bar::{Dropped, Sample};
 use super::sample::{Attempt, Status};
-use crate::grade::Instance;
+use crate::grade::{pass_at_k, Instance};
 use serde::Serialize;
 use serde_json::Value;
 use std::fmt::Write;
@@ -175,23 +175,6 @@ pub struct Summary {
     pub interrupted: bool,
     pub tasks: Vec<TaskRow>,
     pub groups: Vec<GroupResult>,
-}
-
-/// The unbiased pass@k estimate from `n` graded samples with `c` right
-/// (Chen et al. 2021): 1 - C(n-c, k) / C(n, k), with k capped at n.
-pub fn pass_at_k(n: usize, c: usize, k: usize) -> f64 {
-    let k = k.min(n);
-    if n == 0 || k == 0 {
-        return 0.0;
-    }
-    if n - c < k {
-        return 1.0;
-    }
-    let mut miss = 1.0;
-    for i in (n - c + 1)..=n {
-        miss *= 1.0 - k as f64 / i as f64;
-    }
-    1.0 - miss
 }
 
 impl Summary {

@@ -1,12 +1,14 @@
 //! The rollouts list behind `rollcall view`: one summary per rollout, built
 //! in one pass over the shards' small columns (the calls' bodies and token
 //! ids are never read), and queried on the server, a page at a time, with a
-//! filter and a sort on any column.
+//! filter and a sort on any column. The one filter that reads the calls'
+//! messages is the full-text search ([`super::search`]), cached per index.
 
-use crate::export::read::{for_each_call_brief, read_rollouts, RolloutInfo};
+use crate::export::read::{for_each_call_brief, read_rollouts, shard_files, RolloutInfo};
 use crate::export::{group_of, ExportError};
-use std::collections::HashMap;
-use std::path::Path;
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 /// One rollout, as the list shows it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -32,6 +34,9 @@ pub struct Summary {
     pub group: String,
     /// The oldest and newest policy version its calls ran under.
     pub policy_versions: Option<(i64, i64)>,
+    /// The `calls/` files that hold its calls (indexes into
+    /// [`Index::files`]): all a rollout's page reads.
+    pub files: Vec<usize>,
 }
 
 impl Summary {
@@ -87,6 +92,9 @@ pub struct Query {
     pub max_reward: Option<f64>,
     /// Text that the rollout id, harness, model, route or group contains.
     pub text: Option<String>,
+    /// Text that one of its calls' messages or answer contains, ignoring
+    /// case (a full-text search: [`super::search`]).
+    pub messages: Option<String>,
     pub sort: Column,
     pub descending: bool,
     pub offset: usize,
@@ -98,12 +106,36 @@ pub struct Query {
 pub struct Page<'a> {
     pub total: usize,
     pub rows: Vec<&'a Summary>,
+    /// Every rollout that passed the filter, sorted: what the plots draw.
+    pub matched: Vec<&'a Summary>,
 }
+
+/// A search's answer: for each rollout of the index, in its order, whether
+/// it matched.
+pub type Hits = Arc<Vec<bool>>;
 
 /// Every rollout of a shards directory.
 #[derive(Debug, Default)]
 pub struct Index {
+    /// Sorted by rollout id.
     pub rollouts: Vec<Summary>,
+    /// The `calls/` files, as they were listed when the index was built.
+    pub files: Vec<PathBuf>,
+    /// The `calls/` and `rollouts/` files listed before the index read
+    /// them ([`sources`]): when the directory lists others, the index is
+    /// out of date.
+    pub sources: Vec<PathBuf>,
+    /// The last few full-text searches: lowercased text and answer, the
+    /// most recently used last ([`super::search::matching`]).
+    pub(super) searches: Mutex<VecDeque<(String, Hits)>>,
+}
+
+/// The shard files an index reads: `calls/` then `rollouts/`, each sorted.
+/// Published shards are only ever added, so another listing means new rows.
+pub fn sources(shards: &Path) -> Result<Vec<PathBuf>, ExportError> {
+    let mut files = shard_files(shards, "calls")?;
+    files.extend(shard_files(shards, "rollouts")?);
+    Ok(files)
 }
 
 fn harness_of(info: Option<&RolloutInfo>) -> Option<String> {
@@ -113,6 +145,7 @@ fn harness_of(info: Option<&RolloutInfo>) -> Option<String> {
 impl Index {
     /// Read the shards: the finish rows, then the calls' small columns.
     pub fn build(shards: &Path) -> Result<Index, ExportError> {
+        let sources = sources(shards)?;
         let finishes = read_rollouts(shards)?;
         let mut by_id: HashMap<String, Summary> = HashMap::new();
         for_each_call_brief(shards, |c| {
@@ -123,6 +156,9 @@ impl Index {
                     ..Summary::default()
                 });
             s.calls += 1;
+            if s.files.last() != Some(&c.file) && !s.files.contains(&c.file) {
+                s.files.push(c.file);
+            }
             if c.status != "ok" {
                 s.failed_calls += 1;
             }
@@ -174,11 +210,34 @@ impl Index {
             })
             .collect();
         rollouts.sort_by(|a, b| a.rollout_id.cmp(&b.rollout_id));
-        Ok(Index { rollouts })
+        let files = shard_files(shards, "calls").unwrap_or_default();
+        Ok(Index {
+            rollouts,
+            files,
+            sources,
+            searches: Mutex::default(),
+        })
     }
 
-    /// The page `q` asks for.
-    pub fn query(&self, q: &Query) -> Page<'_> {
+    /// Where the rollout with this id is in [`Index::rollouts`].
+    pub fn position(&self, rollout_id: &str) -> Option<usize> {
+        self.rollouts
+            .binary_search_by(|s| s.rollout_id.as_str().cmp(rollout_id))
+            .ok()
+    }
+
+    /// The rollout with this id.
+    pub fn get(&self, rollout_id: &str) -> Option<&Summary> {
+        self.position(rollout_id).and_then(|i| self.rollouts.get(i))
+    }
+
+    /// The page `q` asks for. Errors only when a full-text search could not
+    /// read the shards.
+    pub fn query(&self, q: &Query) -> Result<Page<'_>, ExportError> {
+        let hits = match q.messages.as_deref() {
+            Some(t) if !t.is_empty() => Some(super::search::matching(self, t)?),
+            _ => None,
+        };
         let text = q.text.as_deref().map(str::to_lowercase);
         let has = |v: &Option<String>, t: &str| {
             v.as_deref().is_some_and(|v| v.to_lowercase().contains(t))
@@ -186,6 +245,9 @@ impl Index {
         let mut rows: Vec<&Summary> = self
             .rollouts
             .iter()
+            .enumerate()
+            .filter(|(i, _)| hits.as_ref().is_none_or(|h| h.get(*i) == Some(&true)))
+            .map(|(_, s)| s)
             .filter(|s| match q.status.as_deref() {
                 None | Some("") => true,
                 Some("unfinished") => s.status.is_none(),
@@ -233,12 +295,17 @@ impl Index {
             }
         });
         let total = rows.len();
-        let rows = rows
-            .into_iter()
+        let page = rows
+            .iter()
             .skip(q.offset)
             .take(q.limit.max(1))
+            .copied()
             .collect();
-        Page { total, rows }
+        Ok(Page {
+            total,
+            rows: page,
+            matched: rows,
+        })
     }
 }
 
@@ -266,6 +333,9 @@ mod tests {
                 c.user_agent = Some("codex_exec/0.1".into());
                 if r == 4 && s == 1 {
                     c.status = "failed".into();
+                }
+                if (r == 4 || r == 5) && s == 0 {
+                    c.response_message = Some(r#"{"content": "found the Needle"}"#.into());
                 }
                 calls.push(c);
             }
@@ -296,6 +366,7 @@ mod tests {
         });
         write_now(&cfg, fins).expect("rollouts");
         let ix = Index::build(dir.path()).expect("index");
+        let q = |x: &Query| ix.query(x).expect("query");
         assert_eq!(ix.rollouts.len(), 31);
         let r4 = ix.rollouts.iter().find(|s| s.rollout_id == "r04").unwrap();
         assert_eq!((r4.calls, r4.failed_calls, r4.tokens), (2, 1, 30));
@@ -308,7 +379,7 @@ mod tests {
         assert_eq!(r25.status, None);
         assert_eq!(r25.harness.as_deref(), Some("codex_exec/0.1"));
 
-        let page = ix.query(&Query {
+        let page = q(&Query {
             status: Some("completed".into()),
             min_reward: Some(0.5),
             sort: Column::Reward,
@@ -319,7 +390,7 @@ mod tests {
         assert_eq!(page.total, 7); // r06 … r18 ("lonely", 9.9, timed out)
         let ids: Vec<&str> = page.rows.iter().map(|s| s.rollout_id.as_str()).collect();
         assert_eq!(ids, ["r18", "r16", "r14"]);
-        let next = ix.query(&Query {
+        let next = q(&Query {
             status: Some("completed".into()),
             min_reward: Some(0.5),
             sort: Column::Reward,
@@ -330,18 +401,36 @@ mod tests {
         });
         let ids: Vec<&str> = next.rows.iter().map(|s| s.rollout_id.as_str()).collect();
         assert_eq!(ids, ["r12", "r10", "r08"]);
-        let unfinished = ix.query(&Query {
+        let unfinished = q(&Query {
             status: Some("unfinished".into()),
             limit: 100,
             ..Query::default()
         });
         assert_eq!(unfinished.total, 10);
-        let text = ix.query(&Query {
+        let text = q(&Query {
             text: Some("G3".into()),
             limit: 100,
             ..Query::default()
         });
         assert_eq!(text.total, 4); // r03, r08, r13, r18
+        let searched = q(&Query {
+            messages: Some("needle".into()),
+            status: Some("completed".into()),
+            limit: 100,
+            ..Query::default()
+        });
+        let ids: Vec<&str> = searched
+            .rows
+            .iter()
+            .map(|s| s.rollout_id.as_str())
+            .collect();
+        assert_eq!(ids, ["r04"]); // r05 timed out
+        assert_eq!(searched.matched.len(), 1);
+        let all = q(&Query {
+            limit: 10,
+            ..Query::default()
+        });
+        assert_eq!((all.rows.len(), all.matched.len()), (10, 31));
         assert!("nope".parse::<Column>().is_err());
     }
 }

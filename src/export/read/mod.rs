@@ -204,7 +204,7 @@ const CALL_COLUMNS: &[&str] = &[
     "continued",
 ];
 
-fn shard_err(p: &Path, e: impl std::fmt::Display) -> ExportError {
+pub(crate) fn shard_err(p: &Path, e: impl std::fmt::Display) -> ExportError {
     ExportError::Shard {
         path: p.display().to_string(),
         message: e.to_string(),
@@ -220,7 +220,7 @@ pub fn shard_files(dir: &Path, kind: &str) -> Result<Vec<PathBuf>, ExportError> 
 }
 
 /// Open one Parquet file reading only the named root columns that exist.
-fn open_projected(
+pub(crate) fn open_projected(
     path: &Path,
     cols: &[&str],
 ) -> Result<parquet::arrow::arrow_reader::ParquetRecordBatchReader, ExportError> {
@@ -243,11 +243,11 @@ fn open_projected(
         .map_err(|e| shard_err(path, e))
 }
 
-fn col<'a>(b: &'a RecordBatch, name: &str) -> Option<&'a ArrayRef> {
+pub(crate) fn col<'a>(b: &'a RecordBatch, name: &str) -> Option<&'a ArrayRef> {
     b.column_by_name(name)
 }
 
-fn str_at(c: Option<&ArrayRef>, i: usize) -> Option<String> {
+pub(crate) fn str_at(c: Option<&ArrayRef>, i: usize) -> Option<String> {
     let c = c?;
     if c.is_null(i) {
         return None;
@@ -259,7 +259,7 @@ fn str_at(c: Option<&ArrayRef>, i: usize) -> Option<String> {
     }
 }
 
-fn i64_at(c: Option<&ArrayRef>, i: usize) -> Option<i64> {
+pub(crate) fn i64_at(c: Option<&ArrayRef>, i: usize) -> Option<i64> {
     let c = c?;
     if c.is_null(i) {
         return None;
@@ -273,12 +273,12 @@ fn i64_at(c: Option<&ArrayRef>, i: usize) -> Option<i64> {
 }
 
 /// A boolean cell; false when null or absent.
-fn bool_at(c: Option<&ArrayRef>, i: usize) -> bool {
+pub(crate) fn bool_at(c: Option<&ArrayRef>, i: usize) -> bool {
     c.and_then(|c| c.as_boolean_opt())
         .is_some_and(|c| c.is_valid(i) && c.value(i))
 }
 
-fn ids_at(c: Option<&ArrayRef>, i: usize) -> Option<Vec<i32>> {
+pub(crate) fn ids_at(c: Option<&ArrayRef>, i: usize) -> Option<Vec<i32>> {
     let c = c?;
     if c.is_null(i) {
         return None;
@@ -287,7 +287,7 @@ fn ids_at(c: Option<&ArrayRef>, i: usize) -> Option<Vec<i32>> {
     Some(v.as_primitive_opt::<Int32Type>()?.values().to_vec())
 }
 
-fn f64s_at(c: Option<&ArrayRef>, i: usize) -> Option<Vec<f64>> {
+pub(crate) fn f64s_at(c: Option<&ArrayRef>, i: usize) -> Option<Vec<f64>> {
     let c = c?;
     if c.is_null(i) {
         return None;
@@ -372,6 +372,8 @@ pub struct CallBrief {
     pub policy_version: Option<i64>,
     pub user_agent: Option<String>,
     pub side_call: bool,
+    /// Which of the `calls/` files (in [`shard_files`] order) holds it.
+    pub file: usize,
 }
 
 /// Stream every call of the shards in `dir` as a [`CallBrief`], reading
@@ -395,7 +397,7 @@ pub fn for_each_call_brief(
         "side_call",
     ];
     let mut n = 0;
-    for path in shard_files(dir, "calls")? {
+    for (file, path) in shard_files(dir, "calls")?.into_iter().enumerate() {
         for batch in open_projected(&path, COLS)? {
             let b = batch.map_err(|e| shard_err(&path, e))?;
             for i in 0..b.num_rows() {
@@ -418,6 +420,7 @@ pub fn for_each_call_brief(
                     policy_version: i64_at(col(&b, "policy_version"), i),
                     user_agent: str_at(col(&b, "user_agent"), i),
                     side_call: bool_at(col(&b, "side_call"), i),
+                    file,
                 })?;
                 n += 1;
             }

@@ -34,7 +34,7 @@ pub fn content_text(v: Option<&Value>) -> String {
 }
 
 /// Tool calls as (id, name, parsed arguments).
-pub(super) fn tool_calls(m: &Value) -> Vec<(String, String, Value)> {
+pub(crate) fn tool_calls(m: &Value) -> Vec<(String, String, Value)> {
     let Some(calls) = m.get("tool_calls").and_then(Value::as_array) else {
         return vec![];
     };
