@@ -95,10 +95,105 @@ pub struct Query {
     /// Text that one of its calls' messages or answer contains, ignoring
     /// case (a full-text search: [`super::search`]).
     pub messages: Option<String>,
+    /// One filter per column (`f.<column>` in the list's query).
+    pub columns: Vec<(Column, ColumnFilter)>,
     pub sort: Column,
     pub descending: bool,
     pub offset: usize,
     pub limit: usize,
+}
+
+/// A filter on one column: text it contains (ignoring case), or a range of
+/// numbers.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ColumnFilter {
+    Contains(String),
+    /// Inclusive bounds; either may be open.
+    Range(Option<f64>, Option<f64>),
+}
+
+impl ColumnFilter {
+    /// Parse a filter for `column`: text for a text column; for a number
+    /// column `N` (exactly), `LO..HI`, `LO..` or `..HI`.
+    pub fn parse(column: Column, s: &str) -> Result<ColumnFilter, String> {
+        let s = s.trim();
+        if !column.is_numeric() {
+            return Ok(ColumnFilter::Contains(s.to_lowercase()));
+        }
+        let num = |x: &str| -> Result<Option<f64>, String> {
+            let x = x.trim();
+            if x.is_empty() {
+                return Ok(None);
+            }
+            x.parse::<f64>()
+                .ok()
+                .filter(|v| !v.is_nan())
+                .map(Some)
+                .ok_or_else(|| {
+                    format!(
+                        "{x:?} is not a number (a filter on {column:?} is N, LO..HI, LO.. or ..HI)"
+                    )
+                })
+        };
+        match s.split_once("..") {
+            Some((lo, hi)) => Ok(ColumnFilter::Range(num(lo)?, num(hi)?)),
+            None => {
+                let v = num(s)?;
+                Ok(ColumnFilter::Range(v, v))
+            }
+        }
+    }
+
+    /// Does rollout `s` pass it on `column`?
+    pub fn keeps(&self, column: Column, s: &Summary) -> bool {
+        match self {
+            ColumnFilter::Contains(t) => column
+                .text(s)
+                .is_some_and(|v| v.to_lowercase().contains(t.as_str())),
+            ColumnFilter::Range(lo, hi) => column
+                .number(s)
+                .is_some_and(|v| lo.is_none_or(|lo| v >= lo) && hi.is_none_or(|hi| v <= hi)),
+        }
+    }
+}
+
+impl Column {
+    /// Whether the column holds numbers (filtered by a range).
+    pub fn is_numeric(self) -> bool {
+        matches!(
+            self,
+            Column::Reward
+                | Column::Calls
+                | Column::Tokens
+                | Column::Duration
+                | Column::PolicyVersion
+        )
+    }
+
+    /// A text column's value.
+    pub fn text(self, s: &Summary) -> Option<&str> {
+        match self {
+            Column::RolloutId => Some(&s.rollout_id),
+            Column::Harness => s.harness.as_deref(),
+            Column::Model => s.model.as_deref(),
+            Column::Route => s.route.as_deref(),
+            Column::Status => Some(s.status.as_deref().unwrap_or("unfinished")),
+            Column::Group => Some(&s.group),
+            _ => None,
+        }
+    }
+
+    /// A number column's value (a policy range by its newest version).
+    pub fn number(self, s: &Summary) -> Option<f64> {
+        match self {
+            Column::Reward => s.reward,
+            Column::Calls => Some(s.calls as f64),
+            Column::Tokens => Some(s.tokens as f64),
+            Column::Duration => s.seconds(),
+            Column::PolicyVersion => s.policy_versions.map(|(_, hi)| hi as f64),
+            _ => None,
+        }
+    }
 }
 
 /// One page of the list, and how many rollouts passed the filter.
@@ -261,6 +356,7 @@ impl Index {
                 q.max_reward
                     .is_none_or(|m| s.reward.is_some_and(|r| r <= m))
             })
+            .filter(|s| q.columns.iter().all(|(c, f)| f.keeps(*c, s)))
             .filter(|s| match &text {
                 None => true,
                 Some(t) => {
@@ -316,6 +412,56 @@ mod tests {
     use crate::export::read::partition_tests::call_row;
     use crate::record::shard::write_now;
     use crate::record::RolloutFinish;
+
+    #[test]
+    fn every_column_filters_by_text_or_by_a_range() {
+        let s = |id: &str, harness: &str, calls: usize, reward: Option<f64>| Summary {
+            rollout_id: id.into(),
+            harness: Some(harness.into()),
+            calls,
+            reward,
+            tokens: calls as i64 * 100,
+            policy_versions: Some((0, calls as i64)),
+            group: format!("g-{}", calls % 2),
+            ..Summary::default()
+        };
+        let ix = Index {
+            rollouts: vec![
+                s("a", "codex", 1, Some(1.0)),
+                s("b", "Codex", 4, None),
+                s("c", "mini-swe-agent", 7, Some(0.0)),
+            ],
+            ..Index::default()
+        };
+        let ids = |columns: Vec<(Column, &str)>| -> Vec<String> {
+            let q = Query {
+                columns: columns
+                    .into_iter()
+                    .map(|(c, v)| (c, ColumnFilter::parse(c, v).expect("filter")))
+                    .collect(),
+                limit: 10,
+                ..Query::default()
+            };
+            let page = ix.query(&q).expect("query");
+            page.rows.iter().map(|r| r.rollout_id.clone()).collect()
+        };
+        assert_eq!(ids(vec![(Column::Harness, "CODEX")]), ["a", "b"]);
+        assert_eq!(ids(vec![(Column::Calls, "2..")]), ["b", "c"]);
+        assert_eq!(
+            ids(vec![(Column::Calls, "..4"), (Column::Harness, "co")]),
+            ["a", "b"]
+        );
+        assert_eq!(ids(vec![(Column::Calls, "4")]), ["b"]);
+        assert_eq!(ids(vec![(Column::Tokens, "150..750")]), ["b", "c"]);
+        assert_eq!(ids(vec![(Column::PolicyVersion, "5..")]), ["c"]);
+        // No reward: outside every reward range.
+        assert_eq!(ids(vec![(Column::Reward, "..2")]), ["a", "c"]);
+        assert_eq!(ids(vec![(Column::Group, "g-1")]), ["a", "c"]);
+        assert_eq!(ids(vec![(Column::Status, "unfinished")]), ["a", "b", "c"]);
+        let bad = ColumnFilter::parse(Column::Calls, "lots").unwrap_err();
+        assert!(bad.contains("is not a number"), "{bad}");
+        assert!(ColumnFilter::parse(Column::Reward, "NaN..").is_err());
+    }
 
     #[test]
     fn the_list_is_built_from_small_columns_and_paged_on_the_server() {

@@ -5,9 +5,11 @@
 //! Parameters: `status` (a finish status, or `unfinished`), `min_reward`
 //! and `max_reward`, `q` (text in the id, harness, model, route or group),
 //! `text` (text in a call's messages or answer: a full-text search),
-//! `sort` (a column), `desc` (`1`) and `page` (from 0).
+//! `f.<column>` (a filter on any column: text it contains, or for a number
+//! column `N`, `LO..HI`, `LO..` or `..HI`), `sort` (a column), `desc` (`1`)
+//! and `page` (from 0).
 
-use super::index::{Column, Query, Summary};
+use super::index::{Column, ColumnFilter, Query, Summary};
 use super::server::{api_error, Viewer};
 use crate::http::{json_response, ProxyBody};
 use http::Response;
@@ -44,6 +46,8 @@ struct Params {
     sort: String,
     desc: bool,
     page: usize,
+    /// `f.<column>` filters, as given.
+    columns: Vec<(String, String)>,
 }
 
 impl Params {
@@ -58,6 +62,9 @@ impl Params {
                 "text" => p.messages = v.into_owned(),
                 "sort" => p.sort = v.into_owned(),
                 "desc" => p.desc = matches!(v.as_ref(), "1" | "true"),
+                k if k.starts_with("f.") && !v.trim().is_empty() => {
+                    p.columns.push((k[2..].to_owned(), v.trim().to_owned()));
+                }
                 "page" => {
                     p.page = v
                         .parse()
@@ -74,7 +81,16 @@ impl Params {
                 .map(Some)
                 .map_err(|_| format!("{what} {s:?} is not a number"))
         };
+        let mut columns = vec![];
+        for (k, v) in &p.columns {
+            let c: Column = k.parse()?;
+            columns.push((
+                c,
+                ColumnFilter::parse(c, v).map_err(|e| format!("f.{k}: {e}"))?,
+            ));
+        }
         let q = Query {
+            columns,
             status: Some(p.status.clone()).filter(|s| !s.is_empty()),
             min_reward: num("min_reward", &p.min_reward)?,
             max_reward: num("max_reward", &p.max_reward)?,
@@ -108,6 +124,9 @@ impl Params {
             if !v.is_empty() {
                 s.append_pair(k, v);
             }
+        }
+        for (k, v) in &p.columns {
+            s.append_pair(&format!("f.{k}"), v);
         }
         if p.desc {
             s.append_pair("desc", "1");
@@ -162,7 +181,14 @@ pub fn page(v: &Viewer, query: Option<&str>, as_json: bool) -> Response<ProxyBod
                 p.sort = (*key).to_owned();
                 p.page = 0;
             });
-            json!({"key": key, "label": label, "href": href})
+            let filter = p
+                .columns
+                .iter()
+                .find(|(k, _)| k == key)
+                .map_or("", |(_, v)| v.as_str());
+            let numeric = key.parse::<Column>().is_ok_and(Column::is_numeric);
+            json!({"key": key, "label": label, "href": href, "filter": filter,
+                "hint": if numeric { "e.g. 2..10" } else { "contains" }})
         })
         .collect();
     let prev = (p.page > 0).then(|| p.href(|p| p.page -= 1));

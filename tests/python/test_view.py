@@ -77,7 +77,17 @@ def test_the_rollouts_list_is_filtered_sorted_and_paged_on_the_server(make_proxy
         done = h.raw_request(view.url, "GET", "/?status=completed").body.decode()
         assert "reward: 28 rollouts<" in done and "over 3 tasks" in done and "calls per rollout: 28 rollouts" in done
 
+        # A filter on any column: text it contains, or a range of numbers.
+        ids = [r["rollout_id"] for r in h.raw_request(view.url, "GET", "/api/rollouts?f.rollout_id=V-5").json()["rows"]]
+        assert ids == [f"v-{i}" for i in range(50, 60)]
+        ranged = h.raw_request(view.url, "GET", "/api/rollouts?f.reward=0.5..0.52&f.calls=1").json()
+        assert [r["rollout_id"] for r in ranged["rows"]] == ["v-50", "v-51", "v-52"]
+        page = h.raw_request(view.url, "GET", "/?f.harness=mini").body.decode()
+        assert 'name="f.harness" value="mini"' in page
+
         for bad, why in [("/api/rollouts?min_reward=high", "is not a number"),
+                         ("/api/rollouts?f.calls=lots", "is not a number"),
+                         ("/api/rollouts?f.colour=red", "no column"),
                          ("/api/rollouts?sort=colour", "no column")]:
             r = h.raw_request(view.url, "GET", bad)
             assert r.status == 400 and why in r.json()["error"]["message"], r.body

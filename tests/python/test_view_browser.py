@@ -358,6 +358,16 @@ def test_the_list_filters_by_status_and_reward(recorded, browser):
     want = sorted(rid for rid, r in rows.items() if r["status"] == "completed" and r["reward"] == 0)
     assert sorted(b.list_ids()) == want and count_of(b) == len(want)
 
+    # A column's own filter: the harness column's text, the calls column's range.
+    b.get("/", "list-before-column-filter")
+    b.find("input[name='f.harness']").send_keys("mini-swe")
+    b.find("input[name='f.calls']").send_keys("2..")
+    b.click(b.find("form button[type=submit]"), "list-column-filter")
+    calls = dict(h.duck(recorded["shards"], "SELECT rollout_id, count(*) FROM t GROUP BY rollout_id"))
+    want = sorted(rid for rid, r in rows.items()
+                  if r["metadata"].get("harness") == "mini-swe-agent" and calls.get(rid, 0) >= 2)
+    assert want and sorted(b.list_ids()) == want and count_of(b) == len(want), (want, b.list_ids())
+
     # Sort by reward, up then down, by its column header.
     b.get("/", "list-before-sort")
     for shot, desc in (("list-sort-reward", False), ("list-sort-reward-desc", True)):
