@@ -5,21 +5,16 @@
 //! the shards'.
 
 use crate::export::read::{
-    bool_at, col, f64s_at, i64_at, ids_at, open_projected, revision_of, shard_err, shard_files,
-    str_at, CallRec,
+    bool_at, col, f64s_at, i64_at, ids_at, open_projected, open_selected, revision_of, shard_err,
+    shard_files, str_at, CallRec,
 };
-use crate::export::ExportError;
+use crate::export::{latest_attempts, ExportError};
 use crate::record::shard::list_shards;
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Float64Type};
-use parquet::arrow::arrow_reader::{ParquetRecordBatchReaderBuilder, RowSelection, RowSelector};
-use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
-
-/// Rows read per batch.
-const BATCH: usize = 256;
 
 /// A call as the rollout page shows it: the export's record (what the
 /// trajectory logic reads) and what the timeline adds.
@@ -174,25 +169,9 @@ fn rows_of(path: &Path, rollout_id: &str, cols: &[&str]) -> Result<Vec<RecordBat
     if !any {
         return Ok(vec![]);
     }
-    let file = File::open(path).map_err(|e| shard_err(path, e))?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| shard_err(path, e))?;
-    let schema = builder.parquet_schema();
-    let roots: Vec<usize> = schema
-        .root_schema()
-        .get_fields()
-        .iter()
-        .enumerate()
-        .filter(|(_, f)| cols.contains(&f.name()))
-        .map(|(i, _)| i)
-        .collect();
-    let mask = ProjectionMask::roots(schema, roots);
-    let reader = builder
-        .with_projection(mask)
-        .with_row_selection(RowSelection::from(selectors))
-        .with_batch_size(BATCH)
-        .build()
-        .map_err(|e| shard_err(path, e))?;
-    reader.map(|b| b.map_err(|e| shard_err(path, e))).collect()
+    open_selected(path, cols, Some(RowSelection::from(selectors)))?
+        .map(|b| b.map_err(|e| shard_err(path, e)))
+        .collect()
 }
 
 /// A cell of any integer or timestamp type.
@@ -279,6 +258,17 @@ pub fn load(files: &[&PathBuf], rollout_id: &str) -> Result<Vec<ViewCall>, Expor
     });
     out.dedup_by(|a, b| a.call_id == b.call_id && a.rec.sequence == b.rec.sequence);
     Ok(out)
+}
+
+/// The calls a rollout's trajectory is rebuilt from, as the exports take
+/// them: answered calls, side calls apart, each retried call once.
+pub fn trajectory(all: &[ViewCall]) -> Vec<CallRec> {
+    latest_attempts(
+        all.iter()
+            .filter(|c| c.rec.status == "ok" && !c.rec.side_call)
+            .map(|c| c.rec.clone())
+            .collect(),
+    )
 }
 
 /// The bodies of call `sequence` of `rollout_id` (its last attempt).

@@ -7,7 +7,6 @@ use super::calls;
 use super::index::Summary;
 use super::rollout::message_cut;
 use super::server::Viewer;
-use crate::export::latest_attempts;
 use crate::export::read::CallRec;
 use crate::export::trajectory::{self, compare::same_message};
 use crate::http::ProxyBody;
@@ -29,13 +28,7 @@ const MAX_SAMPLES: usize = 32;
 /// calls only, side calls apart, each retried call once.
 fn conversation(v: &Viewer, s: &Summary) -> Result<Vec<Value>, crate::export::ExportError> {
     let index = v.index();
-    let files: Vec<_> = s.files.iter().filter_map(|&i| index.files.get(i)).collect();
-    let recs: Vec<CallRec> = calls::load(&files, &s.rollout_id)?
-        .into_iter()
-        .filter(|c| c.rec.status == "ok" && !c.rec.side_call)
-        .map(|c| c.rec)
-        .collect();
-    let recs = latest_attempts(recs);
+    let recs = calls::trajectory(&calls::load(&index.files_of(s), &s.rollout_id)?);
     let refs: Vec<&CallRec> = recs.iter().collect();
     let (turns, segs) = trajectory::rebuild(&refs, true, &mut vec![]);
     Ok(segs

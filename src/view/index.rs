@@ -321,6 +321,11 @@ impl Index {
             .ok()
     }
 
+    /// The `calls/` files that hold a rollout's calls.
+    pub fn files_of(&self, s: &Summary) -> Vec<&std::path::PathBuf> {
+        s.files.iter().filter_map(|&i| self.files.get(i)).collect()
+    }
+
     /// The rollout with this id.
     pub fn get(&self, rollout_id: &str) -> Option<&Summary> {
         self.position(rollout_id).and_then(|i| self.rollouts.get(i))

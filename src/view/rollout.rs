@@ -6,7 +6,6 @@
 
 use super::calls::{self, ViewCall};
 use super::server::{api_error, Viewer};
-use crate::export::latest_attempts;
 use crate::export::read::CallRec;
 use crate::export::trajectory::compare::{content_text, tool_calls};
 use crate::export::trajectory::{self, Mismatch};
@@ -263,25 +262,14 @@ pub fn page(v: &Viewer, id: &str) -> Response<ProxyBody> {
     let Some(summary) = index.get(id) else {
         return v.error_page(404, &format!("no rollout {id:?} in these shards"));
     };
-    let files: Vec<_> = summary
-        .files
-        .iter()
-        .filter_map(|&i| index.files.get(i))
-        .collect();
+    let files = index.files_of(summary);
     let loaded = calls::load(&files, id).and_then(|c| Ok((c, calls::finishes(&v.shards, id)?)));
     let (all, finishes) = match loaded {
         Ok(x) => x,
         Err(e) => return v.error_page(500, &format!("the shards could not be read: {e}")),
     };
     let timeline: Vec<Value> = all.iter().map(timeline_row).collect();
-    // The trajectory as the exports rebuild it: answered calls, side calls
-    // apart, each retried call once.
-    let recs: Vec<CallRec> = all
-        .iter()
-        .filter(|c| c.rec.status == "ok" && !c.rec.side_call)
-        .map(|c| c.rec.clone())
-        .collect();
-    let recs = latest_attempts(recs);
+    let recs = calls::trajectory(&all);
     let refs: Vec<&CallRec> = recs.iter().collect();
     let mut mismatches = vec![];
     let segs = segments(&refs, &mut mismatches);
@@ -331,11 +319,7 @@ pub fn raw(v: &Viewer, id: &str, seq: &str) -> Response<ProxyBody> {
     let Some(summary) = index.get(id) else {
         return api_error(404, &format!("no rollout {id:?} in these shards"));
     };
-    let files: Vec<_> = summary
-        .files
-        .iter()
-        .filter_map(|&i| index.files.get(i))
-        .collect();
+    let files = index.files_of(summary);
     match calls::raw(&files, id, seq) {
         Ok(Some(r)) => json_response(
             200,

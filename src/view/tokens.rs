@@ -9,7 +9,6 @@
 use super::calls::{self, ViewCall};
 use super::server::Viewer;
 use crate::dialect::WireApi;
-use crate::export::latest_attempts;
 use crate::export::read::CallRec;
 use crate::export::rl::interleave;
 use crate::export::trajectory;
@@ -78,27 +77,17 @@ pub fn page(v: &Viewer, id: &str, _query: Option<&str>) -> Response<ProxyBody> {
     let Some(summary) = index.get(id) else {
         return v.error_page(404, &format!("no rollout {id:?} in these shards"));
     };
-    let files: Vec<_> = summary
-        .files
-        .iter()
-        .filter_map(|&i| index.files.get(i))
-        .collect();
+    let files = index.files_of(summary);
     let loaded = calls::load(&files, id).and_then(|c| Ok((c, calls::scores(&v.shards, id)?)));
     let (all, scores) = match loaded {
         Ok(x) => x,
         Err(e) => return v.error_page(500, &format!("the shards could not be read: {e}")),
     };
     let by_seq: HashMap<i64, &ViewCall> = all.iter().map(|c| (c.rec.sequence, c)).collect();
-    let recs: Vec<CallRec> = all
-        .iter()
-        .filter(|c| c.rec.status == "ok" && !c.rec.side_call)
-        .map(|c| {
-            let mut r = c.rec.clone();
-            r.teacher_logprobs = scores.get(&r.sequence).cloned();
-            r
-        })
-        .collect();
-    let recs = latest_attempts(recs);
+    let mut recs = calls::trajectory(&all);
+    for r in &mut recs {
+        r.teacher_logprobs = scores.get(&r.sequence).cloned();
+    }
     let refs: Vec<&CallRec> = recs.iter().collect();
     let mut mismatches = vec![];
     let (turns, segs) = trajectory::rebuild(&refs, false, &mut mismatches);

@@ -224,6 +224,16 @@ pub(crate) fn open_projected(
     path: &Path,
     cols: &[&str],
 ) -> Result<parquet::arrow::arrow_reader::ParquetRecordBatchReader, ExportError> {
+    open_selected(path, cols, None)
+}
+
+/// [`open_projected`], reading only the rows `rows` selects when given (a
+/// Parquet row selection: the other rows' pages are skipped).
+pub(crate) fn open_selected(
+    path: &Path,
+    cols: &[&str],
+    rows: Option<parquet::arrow::arrow_reader::RowSelection>,
+) -> Result<parquet::arrow::arrow_reader::ParquetRecordBatchReader, ExportError> {
     let file = File::open(path).map_err(|e| shard_err(path, e))?;
     let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| shard_err(path, e))?;
     let schema = builder.parquet_schema();
@@ -236,11 +246,11 @@ pub(crate) fn open_projected(
         .map(|(i, _)| i)
         .collect();
     let mask = ProjectionMask::roots(schema, roots);
-    builder
-        .with_projection(mask)
-        .with_batch_size(1024)
-        .build()
-        .map_err(|e| shard_err(path, e))
+    let mut builder = builder.with_projection(mask).with_batch_size(1024);
+    if let Some(rows) = rows {
+        builder = builder.with_row_selection(rows);
+    }
+    builder.build().map_err(|e| shard_err(path, e))
 }
 
 pub(crate) fn col<'a>(b: &'a RecordBatch, name: &str) -> Option<&'a ArrayRef> {
