@@ -81,6 +81,22 @@ def test_fixtures_exist_for_every_harness():
 
 
 
+def send(proxy_url: str, rollout: str, e: dict) -> tuple[int, bytes]:
+    """Send one captured request through the proxy as rollout `rollout`, with
+    the harness's user agent; returns the status and the body it got."""
+    u = urlparse(proxy_url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    headers = {"Content-Type": "application/json", "Authorization": "Bearer sk-replay"}
+    if e["user_agent"]:
+        headers["User-Agent"] = e["user_agent"]
+    try:
+        conn.request("POST", f"/rollouts/{rollout}{e['path']}", body=e["request"].encode(), headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_replay_fixture(name, tmp_path):
     exchanges = load(name)
@@ -88,17 +104,9 @@ def test_replay_fixture(name, tmp_path):
     try:
         proxy = h.start_proxy(tmp_path / "p", replay.url, toml=h.TWO_ROUTES_TOML.format(upstream=replay.url))
         rollout = f"replay-{name}"
-        u = urlparse(proxy.url)
         for e in exchanges:
-            conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
-            headers = {"Content-Type": "application/json", "Authorization": "Bearer sk-replay"}
-            if e["user_agent"]:
-                headers["User-Agent"] = e["user_agent"]
-            conn.request("POST", f"/rollouts/{rollout}{e['path']}", body=e["request"].encode(), headers=headers)
-            resp = conn.getresponse()
-            body = resp.read()
-            conn.close()
-            assert resp.status == e["status"]
+            status, body = send(proxy.url, rollout, e)
+            assert status == e["status"]
             assert body == e["response"].encode(), "the harness gets the response byte for byte"
         # The upstream saw every request exactly as the harness sent it.
         assert [p for p, _ in replay.received] == [e["path"] for e in exchanges]

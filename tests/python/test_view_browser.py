@@ -26,13 +26,12 @@ repository) from the same run.
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import re
 import shlex
 from pathlib import Path
-from urllib.parse import quote, urlparse
+from urllib.parse import quote
 
 import pytest
 from selenium import webdriver
@@ -43,7 +42,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 import rollcall_harness as h
 from test_batch import SUBMIT, apply_b64, family, finishes, run_batch, scripted, write_tasks  # noqa: F401 (family: a fixture)
-from test_fixtures import NAMES, Replay, load, tool_names
+from test_fixtures import NAMES, Replay, load, send, tool_names
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -131,17 +130,9 @@ def replay_fixtures(shards: Path, work: Path) -> dict[str, list[dict]]:
     replay = Replay([e for ex in by_rollout.values() for e in ex])
     proxy = h.start_proxy(work, replay.url, toml=h.TWO_ROUTES_TOML.format(upstream=replay.url), shards=shards)
     try:
-        u = urlparse(proxy.url)
         for rollout, exchanges in by_rollout.items():
             for e in exchanges:
-                conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
-                headers = {"Content-Type": "application/json", "Authorization": "Bearer sk-replay"}
-                if e["user_agent"]:
-                    headers["User-Agent"] = e["user_agent"]
-                conn.request("POST", f"/rollouts/{rollout}{e['path']}", body=e["request"].encode(), headers=headers)
-                resp = conn.getresponse()
-                assert (resp.status, resp.read()) == (e["status"], e["response"].encode())
-                conn.close()
+                assert send(proxy.url, rollout, e) == (e["status"], e["response"].encode())
         for i, (rollout, _) in enumerate(by_rollout.items()):
             name = rollout.removeprefix("replay-")
             status, reward, kept = OUTCOMES[name]
