@@ -14,6 +14,7 @@ pub struct View {
     /// The shard directory.
     #[arg(long)]
     pub shards: PathBuf,
+    /// Where to serve the pages (127.0.0.1:0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:8300")]
     pub listen: SocketAddr,
     /// Open the page in the browser ($BROWSER, else xdg-open, or open on
