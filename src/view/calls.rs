@@ -277,6 +277,16 @@ pub fn raw(
     rollout_id: &str,
     sequence: i64,
 ) -> Result<Option<RawCall>, ExportError> {
+    Ok(raws(files, rollout_id, Some(sequence))?.remove(&sequence))
+}
+
+/// The bodies of every call of `rollout_id` (of just `only`, when given),
+/// each call's last attempt, by sequence: one read of its rows.
+pub fn raws(
+    files: &[&PathBuf],
+    rollout_id: &str,
+    only: Option<i64>,
+) -> Result<HashMap<i64, RawCall>, ExportError> {
     let cols = [
         "rollout_id",
         "sequence",
@@ -287,31 +297,30 @@ pub fn raw(
         "response_raw",
         "upstream_response_raw",
     ];
-    let mut found: Option<(i64, RawCall)> = None;
+    let mut found: HashMap<i64, (i64, RawCall)> = HashMap::new();
     for path in files {
         for b in rows_of(path, rollout_id, &cols)? {
             for i in 0..b.num_rows() {
-                if int(&b, "sequence", i) != Some(sequence) {
+                let Some(seq) = int(&b, "sequence", i).filter(|s| only.is_none_or(|o| o == *s))
+                else {
                     continue;
-                }
+                };
                 let attempt = int(&b, "attempt", i).unwrap_or(0);
-                if found.as_ref().is_some_and(|(a, _)| *a > attempt) {
+                if found.get(&seq).is_some_and(|(a, _)| *a > attempt) {
                     continue;
                 }
-                found = Some((
-                    attempt,
-                    RawCall {
-                        request: text(&b, "request", i),
-                        upstream_request: text(&b, "upstream_request", i),
-                        response: text(&b, "response", i),
-                        response_raw: bytes_text(&b, "response_raw", i),
-                        upstream_response_raw: bytes_text(&b, "upstream_response_raw", i),
-                    },
-                ));
+                let call = RawCall {
+                    request: text(&b, "request", i),
+                    upstream_request: text(&b, "upstream_request", i),
+                    response: text(&b, "response", i),
+                    response_raw: bytes_text(&b, "response_raw", i),
+                    upstream_response_raw: bytes_text(&b, "upstream_response_raw", i),
+                };
+                found.insert(seq, (attempt, call));
             }
         }
     }
-    Ok(found.map(|(_, r)| r))
+    Ok(found.into_iter().map(|(k, (_, r))| (k, r)).collect())
 }
 
 #[cfg(test)]

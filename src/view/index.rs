@@ -228,9 +228,13 @@ pub struct Index {
 /// The shard files an index reads: `calls/` then `rollouts/`, each sorted.
 /// Published shards are only ever added, so another listing means new rows.
 pub fn sources(shards: &Path) -> Result<Vec<PathBuf>, ExportError> {
-    let mut files = shard_files(shards, "calls")?;
-    files.extend(shard_files(shards, "rollouts")?);
-    Ok(files)
+    with_rollouts(shard_files(shards, "calls")?, shards)
+}
+
+/// `calls` (the `calls/` files), then the `rollouts/` files.
+fn with_rollouts(mut calls: Vec<PathBuf>, shards: &Path) -> Result<Vec<PathBuf>, ExportError> {
+    calls.extend(shard_files(shards, "rollouts")?);
+    Ok(calls)
 }
 
 fn harness_of(info: Option<&RolloutInfo>) -> Option<String> {
@@ -240,10 +244,13 @@ fn harness_of(info: Option<&RolloutInfo>) -> Option<String> {
 impl Index {
     /// Read the shards: the finish rows, then the calls' small columns.
     pub fn build(shards: &Path) -> Result<Index, ExportError> {
-        let sources = sources(shards)?;
+        // The `calls/` files are listed once: a rollout's `files` index
+        // this list, and the live check compares the next listing with it.
+        let files = shard_files(shards, "calls")?;
+        let sources = with_rollouts(files.clone(), shards)?;
         let finishes = read_rollouts(shards)?;
         let mut by_id: HashMap<String, Summary> = HashMap::new();
-        for_each_call_brief(shards, |c| {
+        for_each_call_brief(&files, |c| {
             let s = by_id
                 .entry(c.rollout_id.clone())
                 .or_insert_with(|| Summary {
@@ -278,11 +285,6 @@ impl Index {
                 );
             }
             Ok(())
-        })
-        .or_else(|e| match e {
-            // Finished rollouts without a call are still listed.
-            ExportError::NoShards(_) => Ok(0),
-            e => Err(e),
         })?;
         for id in finishes.keys() {
             by_id.entry(id.clone()).or_insert_with(|| Summary {
@@ -305,7 +307,6 @@ impl Index {
             })
             .collect();
         rollouts.sort_by(|a, b| a.rollout_id.cmp(&b.rollout_id));
-        let files = shard_files(shards, "calls").unwrap_or_default();
         Ok(Index {
             rollouts,
             files,

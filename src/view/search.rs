@@ -11,10 +11,8 @@
 //! shards again; a new index (new shards) starts with none.
 
 use super::index::Index;
-use crate::export::read::{col, open_projected, shard_err};
+use crate::export::read::{col, open_projected, shard_err, str_ref};
 use crate::export::ExportError;
-use arrow::array::{Array, ArrayRef, AsArray};
-use arrow::datatypes::DataType;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -67,19 +65,6 @@ impl Needle {
     }
 }
 
-/// A string cell, borrowed from its batch.
-fn text_at(c: Option<&ArrayRef>, i: usize) -> Option<&str> {
-    let c = c?;
-    if c.is_null(i) {
-        return None;
-    }
-    match c.data_type() {
-        DataType::Utf8 => Some(c.as_string::<i32>().value(i)),
-        DataType::LargeUtf8 => Some(c.as_string::<i64>().value(i)),
-        _ => None,
-    }
-}
-
 /// Read `files` and mark, for each of `index`'s rollouts (in its order),
 /// whether one of its calls contains `needle`.
 fn scan(index: &Index, files: &[PathBuf], needle: &Needle) -> Result<Vec<bool>, ExportError> {
@@ -93,7 +78,7 @@ fn scan(index: &Index, files: &[PathBuf], needle: &Needle) -> Result<Vec<bool>, 
                 col(&b, "response_message"),
             );
             for i in 0..b.num_rows() {
-                let Some(pos) = text_at(ids, i).and_then(|id| index.position(id)) else {
+                let Some(pos) = str_ref(ids, i).and_then(|id| index.position(id)) else {
                     continue;
                 };
                 if hit[pos] {
@@ -101,7 +86,7 @@ fn scan(index: &Index, files: &[PathBuf], needle: &Needle) -> Result<Vec<bool>, 
                 }
                 hit[pos] = [msgs, resp]
                     .into_iter()
-                    .any(|c| text_at(c, i).is_some_and(|t| needle.found_in(t)));
+                    .any(|c| str_ref(c, i).is_some_and(|t| needle.found_in(t)));
             }
         }
     }

@@ -91,6 +91,11 @@ pub fn page(v: &Viewer, id: &str, _query: Option<&str>) -> Response<ProxyBody> {
     let refs: Vec<&CallRec> = recs.iter().collect();
     let mut mismatches = vec![];
     let (turns, segs) = trajectory::rebuild(&refs, false, &mut mismatches);
+    // The answers' bytes, for the token text: one read of the rollout's rows.
+    let mut raws = match calls::raws(&files, id, None) {
+        Ok(r) => r,
+        Err(e) => return v.error_page(500, &format!("the shards could not be read: {e}")),
+    };
     let mut out = vec![];
     for seg in &segs {
         let seg_calls: Vec<&CallRec> = seg
@@ -109,8 +114,7 @@ pub fn page(v: &Viewer, id: &str, _query: Option<&str>) -> Response<ProxyBody> {
             let Some(vc) = by_seq.get(&c.sequence) else {
                 continue;
             };
-            let raw = calls::raw(&files, id, c.sequence).ok().flatten();
-            if let Some(strings) = call_strings(vc, raw) {
+            if let Some(strings) = call_strings(vc, raws.remove(&c.sequence)) {
                 for (j, s) in range.clone().zip(strings) {
                     text.insert(j, s);
                 }

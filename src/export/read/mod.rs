@@ -258,13 +258,18 @@ pub(crate) fn col<'a>(b: &'a RecordBatch, name: &str) -> Option<&'a ArrayRef> {
 }
 
 pub(crate) fn str_at(c: Option<&ArrayRef>, i: usize) -> Option<String> {
+    str_ref(c, i).map(str::to_owned)
+}
+
+/// A string cell, borrowed from its batch (no copy).
+pub(crate) fn str_ref(c: Option<&ArrayRef>, i: usize) -> Option<&str> {
     let c = c?;
     if c.is_null(i) {
         return None;
     }
     match c.data_type() {
-        DataType::Utf8 => Some(c.as_string::<i32>().value(i).to_owned()),
-        DataType::LargeUtf8 => Some(c.as_string::<i64>().value(i).to_owned()),
+        DataType::Utf8 => Some(c.as_string::<i32>().value(i)),
+        DataType::LargeUtf8 => Some(c.as_string::<i64>().value(i)),
         _ => None,
     }
 }
@@ -382,14 +387,14 @@ pub struct CallBrief {
     pub policy_version: Option<i64>,
     pub user_agent: Option<String>,
     pub side_call: bool,
-    /// Which of the `calls/` files (in [`shard_files`] order) holds it.
+    /// Which of the files [`for_each_call_brief`] was given holds it.
     pub file: usize,
 }
 
-/// Stream every call of the shards in `dir` as a [`CallBrief`], reading
-/// only those columns.
+/// Stream every call of the `calls/` shard `files` (as [`shard_files`]
+/// lists them) as a [`CallBrief`], reading only those columns.
 pub fn for_each_call_brief(
-    dir: &Path,
+    files: &[PathBuf],
     mut each: impl FnMut(CallBrief) -> Result<(), ExportError>,
 ) -> Result<usize, ExportError> {
     const COLS: &[&str] = &[
@@ -407,9 +412,9 @@ pub fn for_each_call_brief(
         "side_call",
     ];
     let mut n = 0;
-    for (file, path) in shard_files(dir, "calls")?.into_iter().enumerate() {
-        for batch in open_projected(&path, COLS)? {
-            let b = batch.map_err(|e| shard_err(&path, e))?;
+    for (file, path) in files.iter().enumerate() {
+        for batch in open_projected(path, COLS)? {
+            let b = batch.map_err(|e| shard_err(path, e))?;
             for i in 0..b.num_rows() {
                 let (Some(rollout_id), Some(sequence)) = (
                     str_at(col(&b, "rollout_id"), i),
