@@ -178,6 +178,7 @@ pub(crate) fn start(
         .name("rollcall-shards".into())
         .spawn(move || {
             let _alive = AliveGuard(&shard_stats.shard_alive);
+            background_scheduling();
             let queues = shard::Queues {
                 rows: rows_rx,
                 published: published_tx,
@@ -200,6 +201,19 @@ pub(crate) fn start(
         })
         .map_err(|e| RecordError::Wal(e.to_string()))?;
     Ok((calls_tx, Stages { wal, shards }, inline))
+}
+
+/// The shard writer runs as a batch thread (`SCHED_BATCH`): it gets its
+/// fair share of the CPU, so under load it keeps up as before, but waking
+/// it never preempts a serving thread. Its bursts (a few hundred rows, a
+/// Parquet page, a published file) otherwise land in the middle of calls
+/// on a small machine and show in their tail latency.
+fn background_scheduling() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sets this thread's own policy; `param` outlives the call.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "the shard writer keeps the normal scheduling policy");
+    }
 }
 
 #[cfg(test)]

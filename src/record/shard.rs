@@ -19,7 +19,7 @@ use arrow::datatypes::{DataType, Field, Float64Type, Int32Type, Schema, SchemaRe
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
-use parquet::file::properties::WriterProperties;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -53,6 +53,10 @@ pub trait ShardRow: Sized {
     /// Columns too large or unique for dictionary encoding.
     const PLAIN_COLUMNS: &'static [&'static str] = &[];
 }
+
+/// Plain columns that keep their statistics: the ids, which let a reader
+/// skip pages.
+const KEY_COLUMNS: &[&str] = &["call_id", "record_id"];
 
 fn ts() -> DataType {
     DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
@@ -364,6 +368,12 @@ impl<R: ShardRow> ShardWriter<R> {
             ));
         for col in R::PLAIN_COLUMNS {
             props = props.set_column_dictionary_enabled(ColumnPath::from(*col), false);
+        }
+        // Bodies and messages: min/max of a document prunes nothing, and
+        // computing it compares every value whole.
+        for col in R::PLAIN_COLUMNS.iter().filter(|c| !KEY_COLUMNS.contains(c)) {
+            props = props
+                .set_column_statistics_enabled(ColumnPath::from(*col), EnabledStatistics::None);
         }
         Ok(Self {
             dir,

@@ -111,6 +111,11 @@ pub fn decode_all(data: &[u8]) -> (Vec<Frame>, bool) {
     let mut pos = 0;
     let mut clean = true;
     while pos < data.len() {
+        // The zeros of a mapped window the segment never filled (it was
+        // not cut to its length: the proxy was killed) end it cleanly.
+        if data[pos] == 0 && data[pos..].iter().all(|&b| b == 0) {
+            break;
+        }
         if let Some((frame, len)) = decode_one(&data[pos..]) {
             out.push(frame);
             pos += len;
@@ -142,6 +147,13 @@ mod tests {
             let (frames, _) = decode_all(&buf[..cut]);
             assert!(frames.len() <= 1 || cut == buf.len());
         }
+        let mut zeros = buf.clone();
+        zeros.resize(buf.len() + 4096, 0);
+        assert_eq!(decode_all(&zeros).0.len(), 2);
+        assert!(decode_all(&zeros).1, "a zero tail is a clean end");
+        let mut torn = buf[..buf.len() - 2].to_vec();
+        torn.resize(buf.len() + 4096, 0);
+        assert!(!decode_all(&torn).1, "a torn frame before the zeros is not");
         let mut bad = buf.clone();
         let last = bad.len() - 1;
         bad[last] ^= 0xff;
@@ -162,6 +174,13 @@ mod tests {
     #[test]
     fn a_damaged_frame_costs_only_itself() {
         let (buf, first) = three();
+        let mut zeros = buf.clone();
+        zeros.resize(buf.len() + 4096, 0);
+        assert_eq!(decode_all(&zeros).0.len(), 3);
+        assert!(decode_all(&zeros).1, "a zero tail is a clean end");
+        let mut torn = buf[..buf.len() - 2].to_vec();
+        torn.resize(buf.len() + 4096, 0);
+        assert!(!decode_all(&torn).1, "a torn frame before the zeros is not");
         let mut bad = buf.clone();
         bad[first + FIXED + 3] ^= 0x40; // inside the second frame's header
         let (frames, clean) = decode_all(&bad);

@@ -3,22 +3,22 @@
 //! each live segment still holds unpublished. One lock guards it all, so a
 //! frame's bytes and its booking never part.
 //!
-//! With `wal_fsync` off, a `write` to the OS is all the writer's thread
-//! would do for a call, and handing each start and end to it costs two
-//! cross-thread wake-ups per call, more than the write itself. So the
+//! With `wal_fsync` off, a copy into the mapped segment (`mapped`) is all
+//! the writer's thread would do for a call, and handing each start and end
+//! to it costs two cross-thread wake-ups per call, far more than the copy.
+//! So the
 //! response path writes them here, under the lock ([`Inline`]), and hands
 //! the finished row straight to the shard queue; the thread then only
 //! deletes segments, ends open calls at shutdown, and takes over whatever
 //! an inline write could not do (a failed write, rollout finishes, group
 //! commit with fsync on).
 
+use super::mapped::Mapped;
 use super::segment::open_segment;
 use crate::record::shard::ShardItem;
 use crate::record::{CallBegin, CallOutcome, CompletedCall, RecorderStats};
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -26,10 +26,13 @@ use tokio::sync::mpsc;
 
 /// What the lock guards.
 pub(crate) struct Log {
-    file: File,
+    /// The current segment, mapped (`mapped`).
+    file: Mapped,
     /// Bytes of whole frames in the current segment: where a failed write
     /// is cut back to.
     pub(super) bytes: u64,
+    /// The end of what was copied into the segment, torn frames included.
+    written: u64,
     pub(super) segment: u64,
     /// Calls and finishes begun in each live segment and not yet published.
     pub(super) unpublished: BTreeMap<u64, u64>,
@@ -47,10 +50,11 @@ pub(super) fn lock(log: &Mutex<Log>) -> MutexGuard<'_, Log> {
 }
 
 impl Log {
-    pub(super) fn new(file: File, segment: u64) -> Log {
+    pub(super) fn new(file: Mapped, segment: u64) -> Log {
         Log {
             file,
             bytes: 0,
+            written: 0,
             segment,
             unpublished: BTreeMap::from([(segment, 0)]),
             pending: HashMap::new(),
@@ -58,16 +62,17 @@ impl Log {
         }
     }
 
-    /// Append whole frames. A failed write is cut back to the last whole
-    /// frame before the lock goes, so the next frame never follows a torn
-    /// one.
+    /// Append whole frames: a copy into the segment's mapping, then, with
+    /// `fsync`, its sync. A failed sync is cut back to the last whole frame
+    /// before the lock goes, so the next frame never follows a torn one.
     pub(super) fn append(&mut self, buf: &[u8], fsync: bool) -> std::io::Result<()> {
-        if let Err(e) = self.file.write_all(buf) {
-            let _ = self.file.set_len(self.bytes);
-            return Err(e);
-        }
+        self.file.write_at(self.bytes, buf)?;
+        self.written = self.written.max(self.bytes + buf.len() as u64);
         if fsync {
-            self.file.sync_data()?;
+            if let Err(e) = self.file.sync(self.bytes, buf.len()) {
+                let _ = self.cut_back();
+                return Err(e);
+            }
         }
         self.bytes += buf.len() as u64;
         Ok(())
@@ -75,20 +80,34 @@ impl Log {
 
     /// Write `buf` as it is, with no booking: the test hook's torn write.
     pub(super) fn write_raw(&mut self, buf: &[u8]) -> std::io::Result<()> {
-        self.file.write_all(buf)
+        self.file.write_at(self.bytes, buf)?;
+        self.written = self.written.max(self.bytes + buf.len() as u64);
+        Ok(())
     }
 
-    /// Cut the segment back to its last whole frame, durably.
-    pub(super) fn cut_back(&self) -> std::io::Result<()> {
-        self.file.set_len(self.bytes)?;
-        self.file.sync_data()
+    /// Cut the segment back to its last whole frame, durably: zero what
+    /// follows it.
+    pub(super) fn cut_back(&mut self) -> std::io::Result<()> {
+        self.file.zero(self.bytes, self.written)?;
+        self.written = self.bytes;
+        Ok(())
     }
 
-    /// Start the next segment.
-    pub(super) fn rotate(&mut self, dir: &Path, stats: &RecorderStats) -> std::io::Result<()> {
-        self.file = open_segment(dir, self.segment + 1)?;
+    /// Start the next segment; the last one is cut to its whole frames.
+    pub(super) fn rotate(
+        &mut self,
+        dir: &Path,
+        segment_bytes: u64,
+        stats: &RecorderStats,
+    ) -> std::io::Result<()> {
+        let next = Mapped::new(open_segment(dir, self.segment + 1)?, segment_bytes)?;
+        let last = std::mem::replace(&mut self.file, next);
+        if let Err(e) = last.finish(self.bytes) {
+            tracing::warn!(segment = self.segment, error = %e, "could not cut a full WAL segment to its length; replay reads its zeros as its end");
+        }
         self.segment += 1;
         self.bytes = 0;
+        self.written = 0;
         self.unpublished.entry(self.segment).or_insert(0);
         stats.wal_segments.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -125,7 +144,7 @@ impl Inline {
         log.append(frame, false)?;
         book(&mut log);
         if log.bytes >= self.segment_bytes {
-            if let Err(e) = log.rotate(&self.dir, &self.stats) {
+            if let Err(e) = log.rotate(&self.dir, self.segment_bytes, &self.stats) {
                 tracing::error!(error = %e, "could not start a new WAL segment");
             }
         }

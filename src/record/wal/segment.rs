@@ -33,11 +33,14 @@ pub fn list_segments(dir: &Path) -> std::io::Result<Vec<u64>> {
     Ok(out)
 }
 
-/// Open segment `n` for append (creating it), and make its entry durable.
+/// Create segment `n` for writing through a mapping (`mapped`), and make
+/// its entry durable.
 pub(crate) fn open_segment(dir: &Path, n: u64) -> std::io::Result<File> {
     let f = OpenOptions::new()
+        .read(true)
+        .write(true)
         .create(true)
-        .append(true)
+        .truncate(true)
         .open(segment_path(dir, n))?;
     sync_dir(dir);
     Ok(f)
