@@ -229,8 +229,11 @@ async fn models(state: &State, req: Request<Incoming>) -> Response<ProxyBody> {
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or("application/json")
                     .to_owned();
-                let read =
-                    crate::upstream::read_body(&mut resp, MAX_MODELS_BYTES, route.idle_timeout);
+                let read = crate::upstream::read_body(
+                    resp.body_mut(),
+                    MAX_MODELS_BYTES,
+                    route.idle_timeout,
+                );
                 match read.await {
                     Ok(b) => return bytes_response(200, &ct, b),
                     Err(e) => e.to_string(),

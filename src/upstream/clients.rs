@@ -1,15 +1,31 @@
-//! One HTTP client per thread. A pooled upstream connection is driven by a
-//! task on the runtime that opened it; a call served on another thread
-//! would hand every read and write across threads. The server serves each
-//! connection on one thread of its own (`server::accept`), so each thread
-//! keeps its own client, and with it its own connection pool.
+//! One pair of HTTP clients per thread. A pooled upstream connection is
+//! driven by a task on the runtime that opened it; a call served on another
+//! thread would hand every read and write across threads. The server serves
+//! each connection on one thread of its own (`server::accept`), so each
+//! thread keeps its own clients, and with them its own connection pools.
+//!
+//! Plain-HTTP replicas (a model server on the host or in the cluster, the
+//! usual case) are called with hyper's own pooled client: reqwest wraps that
+//! same client, and its URL parsing, redirect and retry layers cost a call
+//! a few microseconds it does not need. `https://` replicas go through
+//! reqwest, with rustls and the platform's roots.
 
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 /// Threads beyond this many share clients (round robin).
 const SLOTS: usize = 64;
+
+/// How long an idle pooled connection is kept.
+const POOL_IDLE: Duration = Duration::from_secs(90);
+
+/// The client for plain-HTTP replicas.
+pub(super) type Plain = hyper_util::client::legacy::Client<HttpConnector, Full<Bytes>>;
 
 /// How a route's clients are built.
 #[derive(Clone)]
@@ -19,11 +35,11 @@ pub(super) struct ClientOptions {
 }
 
 impl ClientOptions {
-    pub(super) fn build(&self) -> reqwest::Result<reqwest::Client> {
+    fn tls(&self) -> reqwest::Result<reqwest::Client> {
         reqwest::Client::builder()
             .connect_timeout(self.connect_timeout)
             .pool_max_idle_per_host(self.pool_max_idle)
-            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_idle_timeout(POOL_IDLE)
             .tcp_nodelay(true)
             .no_proxy()
             // A proxy passes redirects back to the harness, and retries
@@ -32,15 +48,35 @@ impl ClientOptions {
             .retry(reqwest::retry::never())
             .build()
     }
+
+    fn plain(&self) -> Plain {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(self.connect_timeout));
+        // hyper neither follows redirects nor retries a request the server
+        // may have seen: only one a pooled connection closed under before
+        // sending it.
+        hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(self.pool_max_idle)
+            .pool_idle_timeout(POOL_IDLE)
+            .pool_timer(TokioTimer::new())
+            .build(connector)
+    }
 }
 
-/// A route's clients, one per thread, built on first use.
+/// One thread's clients.
+pub(super) struct Pair {
+    pub plain: Plain,
+    pub tls: reqwest::Client,
+}
+
+/// A route's clients, one pair per thread, built on first use.
 pub(super) struct Clients {
     options: ClientOptions,
     /// Built with the route: proof that the options build, and the client
     /// of a thread whose own could not be built.
     first: reqwest::Client,
-    slots: Vec<OnceLock<reqwest::Client>>,
+    slots: Vec<OnceLock<Pair>>,
 }
 
 fn slot() -> usize {
@@ -54,17 +90,17 @@ fn slot() -> usize {
 impl Clients {
     pub(super) fn new(options: ClientOptions) -> reqwest::Result<Clients> {
         Ok(Clients {
-            first: options.build()?,
+            first: options.tls()?,
             options,
             slots: (0..SLOTS).map(|_| OnceLock::new()).collect(),
         })
     }
 
-    /// This thread's client.
-    pub(super) fn get(&self) -> &reqwest::Client {
-        let Some(cell) = self.slots.get(slot()) else {
-            return &self.first;
-        };
-        cell.get_or_init(|| self.options.build().unwrap_or_else(|_| self.first.clone()))
+    /// This thread's clients.
+    pub(super) fn get(&self) -> &Pair {
+        self.slots[slot()].get_or_init(|| Pair {
+            plain: self.options.plain(),
+            tls: self.options.tls().unwrap_or_else(|_| self.first.clone()),
+        })
     }
 }

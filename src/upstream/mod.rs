@@ -1,11 +1,16 @@
 //! Upstream routes: which model server a call goes to, and the client that
-//! takes it there. A route is a pool of one or more replicas ([`pool`]).
+//! takes it there (`clients`: hyper's own for plain HTTP, reqwest for
+//! https; `body`: the answer, whichever fetched it). A route is a pool of
+//! one or more replicas ([`pool`]).
 //! Connection errors are retried, on another replica when the pool has
 //! one; nothing else is (a model call is not idempotent once the server has
 //! seen it).
 
+mod body;
 mod clients;
 pub mod pool;
+
+pub use body::{Body, ReadError, Response};
 
 use crate::config::{ConfigError, RouteConfig, RouteKind};
 use crate::dialect::capture::CaptureKind;
@@ -217,32 +222,30 @@ impl Route {
             };
             repinned |= lease.repinned;
             lease.repinned = repinned;
-            let url = match lease.replica.endpoint(endpoint) {
-                Some(u) => u.clone(),
-                None => reqwest::Url::parse(&format!("{}{endpoint}", lease.replica.url))
-                    .map_err(|e| UpstreamError::Request(format!("bad upstream URL: {e}")))?,
+            let one = Request {
+                method: &method,
+                endpoint,
+                headers: &headers,
+                body: &body,
             };
-            let req = self
-                .clients
-                .get()
-                .request(method.clone(), url)
-                .headers(headers.clone())
-                .body(body.clone());
-            match tokio::time::timeout(self.response_timeout, req.send()).await {
-                Err(_) => return Err(UpstreamError::Timeout(self.response_timeout)),
-                Ok(Ok(resp)) => {
+            let sent = match lease.replica.is_plain() {
+                true => self.send_plain(&lease.replica, one).await,
+                false => self.send_tls(&lease.replica, one).await,
+            };
+            match sent {
+                Ok(resp) => {
                     if resp.status().is_server_error() && !single {
                         self.pool.mark_down(&lease.replica);
                     }
                     return Ok(Sent { resp, lease });
                 }
-                Ok(Err(e)) if e.is_connect() && single && attempt < self.connect_retries => {
+                Err(Failed::Connect(e)) if single && attempt < self.connect_retries => {
                     attempt += 1;
                     tracing::debug!(route = %self.name, attempt, error = %e, "retrying upstream connect");
                     tokio::time::sleep(Duration::from_millis(50 << attempt.min(6))).await;
                 }
-                Ok(Err(e)) if e.is_connect() => {
-                    last = UpstreamError::Connect(error_chain(&e));
+                Err(Failed::Connect(e)) => {
+                    last = UpstreamError::Connect(e);
                     if single {
                         return Err(last);
                     }
@@ -251,11 +254,63 @@ impl Route {
                     tried.push(lease.replica.clone());
                     repinned = rollout.is_some();
                 }
-                Ok(Err(e)) if e.is_timeout() => {
-                    return Err(UpstreamError::Timeout(self.response_timeout))
-                }
-                Ok(Err(e)) => return Err(UpstreamError::Request(error_chain(&e))),
+                Err(Failed::Other(e)) => return Err(e),
             }
+        }
+    }
+
+    /// One try on a plain-HTTP replica, with hyper's client.
+    async fn send_plain(
+        &self,
+        replica: &pool::Replica,
+        r: Request<'_>,
+    ) -> Result<Response, Failed> {
+        let uri = match replica.plain_endpoint(r.endpoint) {
+            Some(u) => u.clone(),
+            None => format!("{}{}", replica.url, r.endpoint)
+                .parse::<http::Uri>()
+                .map_err(|e| {
+                    Failed::Other(UpstreamError::Request(format!("bad upstream URL: {e}")))
+                })?,
+        };
+        let mut req = http::Request::new(http_body_util::Full::new(r.body.clone()));
+        *req.method_mut() = r.method.clone();
+        *req.uri_mut() = uri;
+        *req.headers_mut() = r.headers.clone();
+        let send = self.clients.get().plain.request(req);
+        match tokio::time::timeout(self.response_timeout, send).await {
+            Err(_) => Err(Failed::Other(UpstreamError::Timeout(self.response_timeout))),
+            Ok(Ok(resp)) => Ok(resp.map(Body::Plain)),
+            Ok(Err(e)) if e.is_connect() => Err(Failed::Connect(error_chain(&e))),
+            Ok(Err(e)) => Err(Failed::Other(UpstreamError::Request(error_chain(&e)))),
+        }
+    }
+
+    /// One try on a TLS replica (or one with credentials in its URL), with
+    /// reqwest.
+    async fn send_tls(&self, replica: &pool::Replica, r: Request<'_>) -> Result<Response, Failed> {
+        let url = match replica.endpoint(r.endpoint) {
+            Some(u) => u.clone(),
+            None => {
+                reqwest::Url::parse(&format!("{}{}", replica.url, r.endpoint)).map_err(|e| {
+                    Failed::Other(UpstreamError::Request(format!("bad upstream URL: {e}")))
+                })?
+            }
+        };
+        let req = self
+            .clients
+            .get()
+            .tls
+            .request(r.method.clone(), url)
+            .headers(r.headers.clone())
+            .body(r.body.clone());
+        let timeout = UpstreamError::Timeout(self.response_timeout);
+        match tokio::time::timeout(self.response_timeout, req.send()).await {
+            Err(_) => Err(Failed::Other(timeout)),
+            Ok(Ok(resp)) => Ok(http::Response::from(resp).map(Body::Tls)),
+            Ok(Err(e)) if e.is_connect() => Err(Failed::Connect(error_chain(&e))),
+            Ok(Err(e)) if e.is_timeout() => Err(Failed::Other(timeout)),
+            Ok(Err(e)) => Err(Failed::Other(UpstreamError::Request(error_chain(&e)))),
         }
     }
 
@@ -298,15 +353,17 @@ impl Route {
             let req = self
                 .clients
                 .get()
+                .tls
                 .post(url)
                 .headers(headers.clone())
                 .body(body.clone())
                 .timeout(wait);
             async move {
                 let answer = match req.send().await {
-                    Ok(mut resp) => {
+                    Ok(resp) => {
                         let status = resp.status().as_u16();
-                        match read_body(&mut resp, 1 << 20, wait).await {
+                        let mut body = Body::Tls(http::Response::from(resp).into_body());
+                        match read_body(&mut body, 1 << 20, wait).await {
                             Ok(b) => Ok((
                                 status,
                                 serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null),
@@ -354,6 +411,7 @@ impl Route {
                     let probe = r
                         .clients
                         .get()
+                        .tls
                         .get(url.clone())
                         .timeout(every.min(Duration::from_secs(2)));
                     match probe.send().await {
@@ -386,8 +444,24 @@ impl Loaded {
 /// An upstream's answer head, and the replica that gave it (counted in
 /// flight until the call is done with it).
 pub struct Sent {
-    pub resp: reqwest::Response,
+    pub resp: Response,
     pub lease: Lease,
+}
+
+/// One request to one replica.
+#[derive(Clone, Copy)]
+struct Request<'a> {
+    method: &'a Method,
+    endpoint: &'a str,
+    headers: &'a HeaderMap,
+    body: &'a Bytes,
+}
+
+/// Why one try failed: a connection error (retried, or failed over), or
+/// anything else (the call's error).
+enum Failed {
+    Connect(String),
+    Other(UpstreamError),
 }
 
 /// An error and its sources on one line, redacted: an HTTP client's error
@@ -419,14 +493,10 @@ pub enum BodyError {
 
 /// Read a response body whole: at most `limit` bytes, with no silence
 /// longer than `idle` between two pieces.
-pub async fn read_body(
-    resp: &mut reqwest::Response,
-    limit: usize,
-    idle: Duration,
-) -> Result<Bytes, BodyError> {
+pub async fn read_body(body: &mut Body, limit: usize, idle: Duration) -> Result<Bytes, BodyError> {
     let mut buf = bytes::BytesMut::new();
     loop {
-        match tokio::time::timeout(idle, resp.chunk()).await {
+        match tokio::time::timeout(idle, body.chunk()).await {
             Err(_) => return Err(BodyError::Stalled(idle)),
             Ok(Ok(Some(c))) => {
                 if buf.len() + c.len() > limit {
@@ -435,7 +505,7 @@ pub async fn read_body(
                 buf.extend_from_slice(&c);
             }
             Ok(Ok(None)) => return Ok(buf.freeze()),
-            Ok(Err(e)) => return Err(BodyError::Dropped(error_chain(&e))),
+            Ok(Err(e)) => return Err(BodyError::Dropped(error_chain(&*e))),
         }
     }
 }

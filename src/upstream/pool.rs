@@ -57,6 +57,8 @@ pub struct Replica {
     pub url: String,
     /// The base URL + each of [`ENDPOINTS`].
     endpoints: Vec<(&'static str, reqwest::Url)>,
+    /// The same, for hyper's client, when the replica speaks plain HTTP.
+    plain: Vec<(&'static str, http::Uri)>,
     /// Calls in flight on it now.
     in_flight: AtomicUsize,
     /// Down until this many ms after the pool's epoch (0: up).
@@ -73,10 +75,19 @@ impl Replica {
                     .map(|u| (e, u))
                     .map_err(|err| format!("url {url:?}: {err}"))
             })
-            .collect::<Result<_, _>>()?;
+            .collect::<Result<Vec<_>, _>>()?;
+        let plain = endpoints
+            .iter()
+            // reqwest sends a URL's credentials as Basic auth; hyper does not.
+            .filter(|(_, u)| {
+                u.scheme() == "http" && u.username().is_empty() && u.password().is_none()
+            })
+            .filter_map(|(e, u)| Some((*e, u.as_str().parse().ok()?)))
+            .collect();
         Ok(Replica {
             url: url.to_owned(),
             endpoints,
+            plain,
             in_flight: AtomicUsize::new(0),
             down_until: AtomicU64::new(0),
         })
@@ -89,6 +100,20 @@ impl Replica {
             .iter()
             .find(|(e, _)| *e == endpoint)
             .map(|(_, u)| u)
+    }
+
+    /// Its URI for one of the API endpoints, when it speaks plain HTTP
+    /// (and is then called with hyper's client).
+    pub fn plain_endpoint(&self, endpoint: &str) -> Option<&http::Uri> {
+        self.plain
+            .iter()
+            .find(|(e, _)| *e == endpoint)
+            .map(|(_, u)| u)
+    }
+
+    /// It speaks plain HTTP.
+    pub fn is_plain(&self) -> bool {
+        !self.plain.is_empty()
     }
 
     /// Calls in flight on it now.

@@ -30,7 +30,7 @@ const OUTLET_CHUNKS: usize = 64;
 pub fn start(
     call: Call,
     route: Arc<Route>,
-    resp: reqwest::Response,
+    resp: crate::upstream::Response,
     translate: Option<WireApi>,
     strip: Option<Strip>,
     resume: Option<Resume>,
@@ -138,21 +138,21 @@ impl Stage {
 /// [`Stage`] when the call needs one.
 struct Source {
     /// `None` between a cut and its continuation.
-    resp: Option<reqwest::Response>,
+    resp: Option<crate::upstream::Response>,
     stage: Option<Stage>,
 }
 
 impl Source {
-    async fn chunk(&mut self) -> Result<Option<Bytes>, reqwest::Error> {
+    async fn chunk(&mut self) -> Result<Option<Bytes>, crate::upstream::ReadError> {
         let Some(resp) = &mut self.resp else {
             return Ok(None);
         };
         let Some(t) = &mut self.stage else {
-            return resp.chunk().await;
+            return resp.body_mut().chunk().await;
         };
         let mut events = Vec::new();
         loop {
-            match resp.chunk().await? {
+            match resp.body_mut().chunk().await? {
                 Some(c) => {
                     // A continuation's events are recorded as rewritten.
                     if t.continued.is_none() {
@@ -334,7 +334,7 @@ async fn pump(
                 }
                 Ok(Ok(Some(c))) => Next::Chunk(c),
                 Ok(Ok(None)) => Next::End,
-                Ok(Err(e)) => Next::Broken(StreamError::UpstreamClosed(error_chain(&e))),
+                Ok(Err(e)) => Next::Broken(StreamError::UpstreamClosed(error_chain(&*e))),
                 Err(_) => Next::Broken(StreamError::UpstreamStalled(route.idle_timeout)),
             },
             _ = tokio::time::sleep_until(deadline) => Next::Broken(StreamError::TooLong(max_stream)),

@@ -17,13 +17,13 @@ use http::{header, HeaderValue, Response};
 pub async fn answer(
     mut call: Call,
     route: &Route,
-    mut resp: reqwest::Response,
+    mut resp: crate::upstream::Response,
     translated: bool,
     strip: Option<Strip>,
     mut out: Response<ProxyBody>,
 ) -> Response<ProxyBody> {
     let max = call.state.server.max_response_bytes;
-    let body = match crate::upstream::read_body(&mut resp, max, route.idle_timeout).await {
+    let body = match crate::upstream::read_body(resp.body_mut(), max, route.idle_timeout).await {
         Ok(b) => b,
         Err(e) => return call.fail(e.into()).await,
     };
