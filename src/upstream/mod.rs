@@ -249,7 +249,7 @@ impl Route {
                     if single {
                         return Err(last);
                     }
-                    tracing::warn!(route = %self.name, replica = %crate::redact::redacted(&lease.replica.url), error = %last, "replica unreachable; failing over");
+                    tracing::warn!(route = %self.name, replica = %lease.replica.redacted, error = %last, "replica unreachable; failing over");
                     self.pool.mark_down(&lease.replica);
                     tried.push(lease.replica.clone());
                     repinned = rollout.is_some();
@@ -374,7 +374,7 @@ impl Route {
                     Err(e) => Err(error_chain(&e)),
                 };
                 Loaded {
-                    replica: crate::redact::redacted(&r.url),
+                    replica: r.redacted.clone(),
                     answer,
                 }
             }

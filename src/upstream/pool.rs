@@ -55,6 +55,9 @@ const ENDPOINTS: [&str; 5] = [
 pub struct Replica {
     /// Its base URL, e.g. `http://10.0.0.7:8000/v1`.
     pub url: String,
+    /// The same, redacted (its userinfo and secret-looking query values
+    /// masked): what rows and logs name it by.
+    pub redacted: String,
     /// The base URL + each of [`ENDPOINTS`].
     endpoints: Vec<(&'static str, reqwest::Url)>,
     /// The same, for hyper's client, when the replica speaks plain HTTP.
@@ -86,6 +89,7 @@ impl Replica {
             .collect();
         Ok(Replica {
             url: url.to_owned(),
+            redacted: crate::redact::redacted(url),
             endpoints,
             plain,
             in_flight: AtomicUsize::new(0),

@@ -140,10 +140,7 @@ impl Call {
             failure_message,
             first_byte_at: self.first_byte_at,
             done_at: crate::now_micros(),
-            replica: self
-                .lease
-                .as_ref()
-                .map(|l| crate::redact::redacted(&l.replica.url)),
+            replica: self.lease.as_ref().map(|l| l.replica.redacted.clone()),
             repinned: self.lease.as_ref().is_some_and(|l| l.repinned),
             policy_version: self.policy_version,
             policy_version_end: self
