@@ -24,7 +24,7 @@ use std::fs::File;
 
 /// Bytes mapped (and allocated) at a time, at most: a segment smaller
 /// than this (`shards.wal_segment_bytes`) maps its own size.
-pub(super) const WINDOW: u64 = 4 << 20;
+pub(super) const WINDOW: u64 = 1 << 20;
 
 /// Window starts are multiples of this: every page size Linux uses.
 const ALIGN: u64 = 64 << 10;
