@@ -47,7 +47,7 @@ fn allocate(file: &File, from: u64, len: u64) -> std::io::Result<()> {
     // instead of faulting in and converting an unwritten extent, which
     // measured several µs per page.
     use std::os::unix::fs::FileExt;
-    const ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+    static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
     let mut at = from;
     while at < from + len {
         let n = (from + len - at).min(ZEROS.len() as u64) as usize;
