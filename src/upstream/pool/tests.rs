@@ -230,3 +230,28 @@ fn a_bad_replacement_changes_nothing() {
     }
     assert!(Arc::ptr_eq(&before, &p.snapshot()));
 }
+
+#[test]
+fn plain_http_replicas_take_hyper_others_reqwest() {
+    let plain = Replica::new("http://10.0.0.1:8000/v1/").unwrap();
+    assert!(plain.is_plain());
+    assert_eq!(
+        plain
+            .plain_endpoint("/chat/completions")
+            .map(|u| u.to_string()),
+        Some("http://10.0.0.1:8000/v1/chat/completions".to_owned())
+    );
+    assert!(plain.plain_endpoint("/nope").is_none());
+    // TLS, and credentials in the URL (reqwest sends them as Basic auth),
+    // go through reqwest.
+    for url in [
+        "https://api.example.com/v1",
+        "http://u:secret-pass@10.0.0.1:8000/v1",
+    ] {
+        let r = Replica::new(url).unwrap();
+        assert!(!r.is_plain() && r.plain_endpoint("/chat/completions").is_none());
+        assert!(r.endpoint("/chat/completions").is_some());
+    }
+    let with_pass = Replica::new("http://u:secret-pass@10.0.0.1:8000/v1").unwrap();
+    assert!(!with_pass.redacted.contains("secret-pass"));
+}
