@@ -145,14 +145,8 @@ mod tests {
     #[test]
     fn frames_land_in_the_file_across_windows() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("seg");
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
+        let file = super::super::open_segment(dir.path(), 0).unwrap();
+        let path = super::super::segment_path(dir.path(), 0);
         let mut m = Mapped::new(file, 64 << 20).unwrap();
         let big = vec![7u8; (WINDOW + 10) as usize];
         m.write_at(0, b"abc").unwrap();
