@@ -29,7 +29,9 @@
 //!   rows, writes Parquet, rotates and publishes files, and reports every
 //!   published file on the published queue. It takes rows in bursts: after
 //!   a burst it lingers (`shard::LINGER`) before it looks again, so under
-//!   load a sender rarely has to wake it.
+//!   load a sender rarely has to wake it. It runs in the idle scheduling
+//!   class while it keeps up and in the batch class once rows back up, so
+//!   its bursts never hold up a serving thread (`shard/priority.rs`).
 //!
 //! Nothing is dropped anywhere: both bounded queues block, so a slow disk or
 //! a slow shard writer slows the responses instead of growing memory.
@@ -178,7 +180,6 @@ pub(crate) fn start(
         .name("rollcall-shards".into())
         .spawn(move || {
             let _alive = AliveGuard(&shard_stats.shard_alive);
-            background_scheduling();
             let queues = shard::Queues {
                 rows: rows_rx,
                 published: published_tx,
@@ -201,19 +202,6 @@ pub(crate) fn start(
         })
         .map_err(|e| RecordError::Wal(e.to_string()))?;
     Ok((calls_tx, Stages { wal, shards }, inline))
-}
-
-/// The shard writer runs as a batch thread (`SCHED_BATCH`): it gets its
-/// fair share of the CPU, so under load it keeps up as before, but waking
-/// it never preempts a serving thread. Its bursts (a few hundred rows, a
-/// Parquet page, a published file) otherwise land in the middle of calls
-/// on a small machine and show in their tail latency.
-fn background_scheduling() {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: sets this thread's own policy; `param` outlives the call.
-    if unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } != 0 {
-        tracing::debug!(error = %std::io::Error::last_os_error(), "the shard writer keeps the normal scheduling policy");
-    }
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! shard queue, builds and batches them, rotates and publishes files, and
 //! reports each published file on the published queue.
 
+use super::priority::Priority;
 use super::{ShardItem, ShardRow, ShardSet, ShardWriter};
 use crate::record::feed::FeedWriter;
 use crate::record::pipeline::SegmentRows;
@@ -21,6 +22,10 @@ pub const LINGER: Duration = Duration::from_millis(1);
 /// The most rows taken in one burst, so that publication by age is checked
 /// between bursts under any load.
 const MAX_BURST: usize = 4096;
+
+/// Rows between two looks at the backlog within a burst, to leave the idle
+/// scheduling class as soon as rows back up (`priority`).
+const BACKLOG_EVERY: usize = 64;
 
 /// The shard writer's ends of its queues, made by `pipeline`.
 pub(crate) struct Queues {
@@ -101,7 +106,10 @@ pub(crate) fn run(
     mut q: Queues,
     stats: &RecorderStats,
 ) {
+    let mut priority = Priority::new();
+    let capacity = q.rows.max_capacity();
     loop {
+        priority.follow(q.rows.len(), capacity);
         let deadline = [set.calls.deadline(), set.rollouts.deadline()]
             .into_iter()
             .flatten()
@@ -133,6 +141,9 @@ pub(crate) fn run(
                 Next::Idle => break,
             }
             taken += 1;
+            if taken % BACKLOG_EVERY == 0 {
+                priority.follow(q.rows.len(), capacity);
+            }
             if taken >= MAX_BURST {
                 break;
             }
