@@ -312,6 +312,13 @@ impl ShardRow for RolloutRow {
     }
 }
 
+/// A row group is written out once its encoded size passes this. The open
+/// row group is held in memory until then, so this bounds what an open
+/// shard holds: after 10 s of calls at 64 connections the proxy's resident
+/// set was 57-59 MB with 8 MiB, 62-72 MB with 64 MiB. Readers see more,
+/// smaller row groups.
+const ROW_GROUP_BYTES: usize = 8 << 20;
+
 const BATCH_ROWS: usize = 256;
 const BATCH_BYTES: usize = 8 << 20;
 
@@ -359,7 +366,7 @@ impl<R: ShardRow> ShardWriter<R> {
         };
         let mut props = WriterProperties::builder()
             .set_compression(compression)
-            .set_max_row_group_bytes(Some(64 << 20))
+            .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
             .set_key_value_metadata(Some(
                 R::schema()
                     .metadata()
