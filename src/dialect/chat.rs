@@ -123,7 +123,7 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
             if let Some(f) = c.get("finish_reason").filter(|f| !f.is_null()) {
                 acc.finish_reason = Some(f.clone());
             }
-            if let Some(lp) = c.pointer("/logprobs/content").and_then(Value::as_array) {
+            if let Some(lp) = super::at(c, &["logprobs", "content"]).and_then(Value::as_array) {
                 acc.logprobs.extend(lp.iter().cloned());
             }
             if let Some(t) = c.get("token_ids").and_then(Value::as_array) {
@@ -191,7 +191,7 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
 
 /// Read message, tool calls, usage and tokens from a `chat.completion`.
 pub fn extract(resp: &Value, out: &mut Assembled) {
-    let choice = resp.pointer("/choices/0");
+    let choice = super::at(resp, &["choices", "0"]);
     if let Some(msg) = choice.and_then(|c| c.get("message")) {
         out.message = Some(msg.clone());
         out.tool_calls = msg.get("tool_calls").filter(|t| !t.is_null()).cloned();

@@ -40,7 +40,7 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
         if let Some(u) = chunk.get("usage").filter(|u| !u.is_null()) {
             usage = u.clone();
         }
-        if let Some(c) = chunk.pointer("/choices/0") {
+        if let Some(c) = super::at(&chunk, &["choices", "0"]) {
             text.push_str(c.get("text").and_then(Value::as_str).unwrap_or(""));
             if let Some(f) = c.get("finish_reason").filter(|f| !f.is_null()) {
                 finish = f.clone();
@@ -97,7 +97,7 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
 }
 
 pub fn extract(resp: &Value, out: &mut Assembled) {
-    let choice = resp.pointer("/choices/0");
+    let choice = super::at(resp, &["choices", "0"]);
     let text = choice
         .and_then(|c| c.get("text"))
         .cloned()

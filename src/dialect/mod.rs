@@ -319,7 +319,7 @@ impl StreamFailure {
 pub(crate) fn error_message(e: &Value) -> String {
     e.get("message")
         .and_then(Value::as_str)
-        .or_else(|| e.pointer("/error/message").and_then(Value::as_str))
+        .or_else(|| at(e, &["error", "message"]).and_then(Value::as_str))
         .or_else(|| e.as_str())
         .map_or_else(|| e.to_string(), str::to_owned)
 }
@@ -381,9 +381,19 @@ pub struct Assembled {
     pub failure: Option<StreamFailure>,
 }
 
+/// The value at a path such as `["choices", "0", "message"]`: a key of an
+/// object, or the index of an array. What `Value::pointer` finds, without
+/// its two allocations per step (it was about 3 % of the shard thread).
+pub(crate) fn at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    path.iter().try_fold(v, |v, k| match v {
+        Value::Array(a) => k.parse::<usize>().ok().and_then(|i| a.get(i)),
+        _ => v.get(k),
+    })
+}
+
 /// Read an integer field path such as `["usage", "prompt_tokens"]`.
 pub(crate) fn int_at(v: &Value, path: &[&str]) -> Option<i64> {
-    path.iter().try_fold(v, |v, k| v.get(k))?.as_i64()
+    at(v, path)?.as_i64()
 }
 
 /// Read an array of integers as token ids; `None` if any is not an `i32`.

@@ -115,7 +115,7 @@ pub(crate) fn status_failure(resp: &Value) -> Option<StreamFailure> {
             StreamFailureKind::Incomplete,
             format!(
                 "incomplete: {}",
-                resp.pointer("/incomplete_details/reason")
+                super::at(resp, &["incomplete_details", "reason"])
                     .and_then(Value::as_str)
                     .unwrap_or("no reason given")
             ),
@@ -184,14 +184,13 @@ pub fn extract(resp: &Value, out: &mut Assembled) {
     out.message = Some(Value::Object(msg));
     out.finish_reason = Some(
         match resp.get("status").and_then(Value::as_str) {
-            Some("incomplete") => match resp
-                .pointer("/incomplete_details/reason")
-                .and_then(Value::as_str)
-            {
-                Some("max_output_tokens") => "length",
-                Some("content_filter") => "content_filter",
-                _ => "incomplete",
-            },
+            Some("incomplete") => {
+                match super::at(resp, &["incomplete_details", "reason"]).and_then(Value::as_str) {
+                    Some("max_output_tokens") => "length",
+                    Some("content_filter") => "content_filter",
+                    _ => "incomplete",
+                }
+            }
             Some("failed") => "error",
             _ if !calls.is_empty() => "tool_calls",
             _ => "stop",

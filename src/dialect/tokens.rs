@@ -21,26 +21,23 @@ use serde_json::Value;
 
 /// Read token ids and logprobs for choice 0 of `resp`.
 pub fn read(api: WireApi, resp: &Value) -> Tokens {
-    let choice = resp.pointer("/choices/0");
+    let choice = super::at(resp, &["choices", "0"]);
     let index = choice
         .and_then(|c| c.get("index"))
         .and_then(Value::as_u64)
         .unwrap_or(0) as usize;
     let prompt_ids = ids(resp.get("prompt_token_ids"))
         .or_else(|| ids(choice.and_then(|c| c.get("prompt_token_ids"))))
-        .or_else(|| ids(resp.pointer("/sglext/input_ids")));
-    let completion_ids = ids(choice.and_then(|c| c.get("token_ids"))).or_else(|| {
-        ids(resp
-            .pointer("/sglext/output_ids")
-            .and_then(|o| o.get(index)))
-    });
+        .or_else(|| ids(super::at(resp, &["sglext", "input_ids"])));
+    let completion_ids = ids(choice.and_then(|c| c.get("token_ids")))
+        .or_else(|| ids(super::at(resp, &["sglext", "output_ids"]).and_then(|o| o.get(index))));
     let completion_logprobs = match api {
         WireApi::Completions => choice
-            .and_then(|c| c.pointer("/logprobs/token_logprobs"))
+            .and_then(|c| super::at(c, &["logprobs", "token_logprobs"]))
             .and_then(Value::as_array)
             .map(|a| a.iter().map(|v| v.as_f64().unwrap_or(f64::NAN)).collect()),
         _ => choice
-            .and_then(|c| c.pointer("/logprobs/content"))
+            .and_then(|c| super::at(c, &["logprobs", "content"]))
             .and_then(Value::as_array)
             .map(|lp| {
                 lp.iter()
