@@ -67,6 +67,16 @@ pub struct CallRow {
     pub upstream_response_raw: Option<Vec<u8>>,
 }
 
+/// A body as text, invalid UTF-8 replaced. `from_utf8` first: its check
+/// reads a word at a time, where `from_utf8_lossy`'s reads a byte at a time
+/// (about 4 % of the shard thread).
+fn text(b: &[u8]) -> String {
+    match std::str::from_utf8(b) {
+        Ok(s) => s.to_owned(),
+        Err(_) => String::from_utf8_lossy(b).into_owned(),
+    }
+}
+
 fn json_text(v: &Value) -> Option<String> {
     (!v.is_null()).then(|| v.to_string())
 }
@@ -200,12 +210,8 @@ impl CallRow {
             http_status: o.http_status.map(i32::from),
             failure_class: o.failure_class.map(|f| f.as_str().to_owned()),
             failure_message: o.failure_message.as_deref().map(crate::redact::redacted),
-            request: String::from_utf8_lossy(&c.begin.request).into_owned(),
-            upstream_request: c
-                .begin
-                .upstream_request
-                .as_ref()
-                .map(|b| String::from_utf8_lossy(b).into_owned()),
+            request: text(&c.begin.request),
+            upstream_request: c.begin.upstream_request.as_ref().map(|b| text(b)),
             response: None,
             response_raw: (!c.response.is_empty()).then(|| c.response.to_vec()),
             messages: None,
@@ -279,7 +285,7 @@ impl CallRow {
             response: if m.stream {
                 assembled.response.as_ref().map(Value::to_string)
             } else {
-                (!c.response.is_empty()).then(|| String::from_utf8_lossy(&c.response).into_owned())
+                (!c.response.is_empty()).then(|| text(&c.response))
             },
             messages,
             tools,
