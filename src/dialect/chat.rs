@@ -4,8 +4,59 @@
 use super::{
     int_at, push_name, push_str, sse::Event, tokens, Assembled, StreamOutcome, Usage, WireApi,
 };
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
+
+/// What a row reads of a whole `chat.completion`, the rest (ids, model,
+/// timestamps, further choices) skipped rather than built into a tree:
+/// parsing every answer into a `Value` was a quarter of the shard thread.
+#[derive(Deserialize)]
+struct WholeParts<'a> {
+    #[serde(borrow)]
+    choices: Option<Vec<&'a RawValue>>,
+    usage: Option<Value>,
+    // Read by the general path (an error, token capture); a body with any
+    // of them goes there.
+    #[serde(borrow)]
+    error: Option<&'a RawValue>,
+    #[serde(borrow)]
+    prompt_token_ids: Option<&'a RawValue>,
+    #[serde(borrow)]
+    prompt_logprobs: Option<&'a RawValue>,
+    #[serde(borrow)]
+    sglext: Option<&'a RawValue>,
+}
+
+/// Read a whole (not streamed) answer as [`WireApi::assemble`] does, from
+/// its first choice and usage only. `None` when the general path must read
+/// it: not an object of that shape, no `choices` array, a duplicate key,
+/// an error, or token capture fields.
+pub fn assemble_whole(body: &[u8]) -> Option<Assembled> {
+    let parts: WholeParts = serde_json::from_slice(body).ok()?;
+    if parts.error.is_some()
+        || parts.prompt_token_ids.is_some()
+        || parts.prompt_logprobs.is_some()
+        || parts.sglext.is_some()
+    {
+        return None;
+    }
+    let first = match parts.choices?.first() {
+        Some(c) => vec![serde_json::from_str::<Value>(c.get()).ok()?],
+        None => Vec::new(),
+    };
+    let mut top = Map::new();
+    top.insert("choices".into(), Value::Array(first));
+    if let Some(u) = parts.usage {
+        top.insert("usage".into(), u);
+    }
+    let resp = Value::Object(top);
+    let mut out = Assembled::default();
+    extract(&resp, &mut out);
+    out.response = Some(resp);
+    Some(out)
+}
 
 #[derive(Default)]
 struct ChoiceAcc {

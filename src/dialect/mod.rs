@@ -76,6 +76,16 @@ impl WireApi {
     /// Assemble a response body (a whole SSE stream when `stream`) into
     /// one response object plus the fields a trainer reads.
     pub fn assemble(self, body: &[u8], stream: bool) -> Assembled {
+        if !stream && self == Self::ChatCompletions {
+            if let Some(a) = chat::assemble_whole(body) {
+                return a;
+            }
+        }
+        self.assemble_tree(body, stream)
+    }
+
+    /// [`WireApi::assemble`] by way of a `Value` tree of the whole body.
+    fn assemble_tree(self, body: &[u8], stream: bool) -> Assembled {
         let value = if stream {
             let events = sse::parse_all(body);
             match self {
@@ -366,6 +376,9 @@ impl Tokens {
 /// A response assembled into one object, with the fields a trainer reads.
 #[derive(Debug, Default)]
 pub struct Assembled {
+    /// The response as one object. Of a whole Chat Completions body, only
+    /// what the fields below are read from (its first choice and usage):
+    /// the body itself is kept as its bytes.
     pub response: Option<Value>,
     /// The assistant's answer as a chat message (content, reasoning_content, tool_calls).
     pub message: Option<Value>,
@@ -427,6 +440,53 @@ pub(crate) fn push_str(acc: &mut Option<String>, piece: Option<&Value>) {
 mod tests {
     use super::StreamFailureKind::{Error, Failed, Incomplete};
     use super::*;
+
+    /// A whole Chat Completions body read by its parts reads as it does
+    /// through a tree of the whole body, and bodies the parts cannot stand
+    /// for (errors, token capture, odd shapes) go the tree's way.
+    #[test]
+    fn whole_chat_answers_read_the_same_by_parts_and_by_tree() {
+        let bodies: &[&str] = &[
+            r#"{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"h\u00e9 \/ 1.0e0","zeta":1,"alpha":[1.50,2]},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5,"prompt_tokens_details":{"cached_tokens":1}}}"#,
+            r#"{"choices":[{"message":{"role":"assistant","content":null,"tool_calls":[{"id":"t","type":"function","function":{"name":"bash","arguments":"{}"}}]},"finish_reason":"tool_calls","token_ids":[1,2],"logprobs":{"content":[{"logprob":-0.5},{"logprob":"x"}]}},{"message":{"content":"second"}}],"usage":null}"#,
+            r#"{"choices":[]}"#,
+            r#"{"choices":[7]}"#,
+            r#"{"choices":null}"#,
+            r#"{"choices":{"0":{}}}"#,
+            r#"{"choices":[{"message":{"content":"a"}}],"choices":[]}"#,
+            r#"{"model":"m"}"#,
+            r#"{"error":{"message":"boom"},"choices":[]}"#,
+            r#"{"error":null,"choices":[{"message":{"content":"a"}}]}"#,
+            r#"{"choices":[{"index":0,"message":{"content":"a"}}],"prompt_token_ids":[5,6],"prompt_logprobs":[null,{"6":{"logprob":-1.0}}]}"#,
+            r#"{"choices":[{"index":0,"message":{"content":"a"}}],"sglext":{"input_ids":[1],"output_ids":[[2]]}}"#,
+            r#"[1,2]"#,
+            r#"{"choices":[{"message":{"content":"a"}}]} trailing"#,
+            r#""#,
+        ];
+        for body in bodies {
+            let parts = WireApi::ChatCompletions.assemble(body.as_bytes(), false);
+            let tree = WireApi::ChatCompletions.assemble_tree(body.as_bytes(), false);
+            assert_eq!(parts.message, tree.message, "{body}");
+            assert_eq!(parts.tool_calls, tree.tool_calls, "{body}");
+            assert_eq!(parts.finish_reason, tree.finish_reason, "{body}");
+            assert_eq!(parts.usage, tree.usage, "{body}");
+            // Debug text: a logprob that is not a number reads as NaN.
+            let tokens = |a: &Assembled| format!("{:?}", a.tokens);
+            assert_eq!(tokens(&parts), tokens(&tree), "{body}");
+            assert_eq!(parts.failure, tree.failure, "{body}");
+            assert_eq!(parts.error, tree.error, "{body}");
+            let shaped = |a: &Assembled| {
+                a.response
+                    .as_ref()
+                    .map(|r| WireApi::ChatCompletions.is_answer(r))
+            };
+            assert_eq!(shaped(&parts), shaped(&tree), "{body}");
+        }
+        let by_parts = |b: &str| chat::assemble_whole(b.as_bytes()).is_some();
+        assert!(by_parts(bodies[0]) && by_parts(bodies[1]) && by_parts(bodies[2]));
+        assert!(!by_parts(bodies[4]) && !by_parts(bodies[6]) && !by_parts(bodies[8]));
+        assert!(!by_parts(bodies[10]) && !by_parts(bodies[11]));
+    }
 
     fn failure(api: WireApi, body: &str, stream: bool) -> Option<(StreamFailureKind, String)> {
         api.assemble(body.as_bytes(), stream)
