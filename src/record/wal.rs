@@ -31,7 +31,7 @@ mod log;
 mod mapped;
 mod segment;
 
-pub use frame::{decode_all, encode, Frame, FrameTooLarge, Kind};
+pub use frame::{decode_all, encode, encode_json, Frame, FrameTooLarge, Kind};
 pub(crate) use log::Inline;
 use log::{lock, Log, SharedLog};
 use segment::open_segment;
@@ -449,10 +449,9 @@ fn write_batches(w: &mut Writer, q: &mut WalQueues) {
 }
 
 fn encode_begin(buf: &mut Vec<u8>, begin: &CallBegin) {
-    let header = serde_json::to_vec(&begin.meta).unwrap_or_default();
     let up = begin.upstream_request.as_deref().unwrap_or(&[]);
     // Request bodies are capped far below a frame's limit (config validation).
-    let _ = encode(buf, Kind::Begin, &header, &begin.request, up);
+    let _ = encode_json(buf, Kind::Begin, &begin.meta, &begin.request, up);
 }
 
 /// Append a call's end frame to `buf`; on an error `buf` is as it was.
@@ -462,12 +461,8 @@ fn encode_end(
     response: &[u8],
     upstream: Option<&[u8]>,
 ) -> std::io::Result<()> {
-    let header = serde_json::to_vec(outcome).map_err(std::io::Error::other)?;
-    let mark = buf.len();
-    encode(buf, Kind::End, &header, response, upstream.unwrap_or(&[])).map_err(|e| {
-        buf.truncate(mark);
-        std::io::Error::other(e.to_string())
-    })
+    encode_json(buf, Kind::End, outcome, response, upstream.unwrap_or(&[]))
+        .map_err(std::io::Error::other)
 }
 
 /// The batch is in the WAL: acknowledge it and hand its rows on.

@@ -44,28 +44,80 @@ pub fn encode(
     a: &[u8],
     b: &[u8],
 ) -> Result<(), FrameTooLarge> {
-    for part in [header, a, b] {
-        if u32::try_from(part.len()).is_err() {
-            return Err(FrameTooLarge(part.len()));
+    let header_len = header.len();
+    let write = |buf: &mut Vec<u8>| {
+        buf.extend_from_slice(header);
+        Ok(())
+    };
+    frame(buf, kind, write, a, b).map_err(|e| match e {
+        FrameError::TooLarge(e) => e,
+        FrameError::Header(_) => FrameTooLarge(header_len),
+    })
+}
+
+/// Append one frame whose header is `header` as JSON, serialized straight
+/// into `buf` rather than into a buffer of its own first. On an error `buf`
+/// is as it was.
+pub fn encode_json<T: serde::Serialize>(
+    buf: &mut Vec<u8>,
+    kind: Kind,
+    header: &T,
+    a: &[u8],
+    b: &[u8],
+) -> Result<(), FrameError> {
+    frame(buf, kind, |buf| serde_json::to_writer(buf, header), a, b)
+}
+
+/// Why a frame could not be encoded.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The frame's header could not be serialized.
+    #[error("the frame's header could not be serialized: {0}")]
+    Header(#[from] serde_json::Error),
+    /// A part is too long for its length field.
+    #[error(transparent)]
+    TooLarge(#[from] FrameTooLarge),
+}
+
+/// Append one frame, its header written by `header`; on an error `buf` is
+/// as it was.
+fn frame(
+    buf: &mut Vec<u8>,
+    kind: Kind,
+    header: impl FnOnce(&mut Vec<u8>) -> Result<(), serde_json::Error>,
+    a: &[u8],
+    b: &[u8],
+) -> Result<(), FrameError> {
+    let start = buf.len();
+    buf.reserve(FIXED + a.len() + b.len() + 256);
+    buf.extend_from_slice(&[0; FIXED]);
+    let written = (|| {
+        header(buf)?;
+        let header_len = buf.len() - start - FIXED;
+        let len = |n: usize| u32::try_from(n).map_err(|_| FrameTooLarge(n));
+        let lens_of = [len(header_len)?, len(a.len())?, len(b.len())?];
+        buf.extend_from_slice(a);
+        buf.extend_from_slice(b);
+        let mut fixed = [0u8; FIXED];
+        fixed[..4].copy_from_slice(MAGIC);
+        fixed[4] = kind as u8;
+        for (i, n) in lens_of.iter().enumerate() {
+            fixed[5 + 4 * i..9 + 4 * i].copy_from_slice(&n.to_le_bytes());
         }
+        // The CRC covers the kind and lengths, then the three parts.
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&fixed[4..17]);
+        crc.update(buf.get(start + FIXED..).unwrap_or_default());
+        fixed[17..].copy_from_slice(&crc.finalize().to_le_bytes());
+        if let Some(dst) = buf.get_mut(start..start + FIXED) {
+            dst.copy_from_slice(&fixed);
+        }
+        Ok(())
+    })();
+    if written.is_err() {
+        buf.truncate(start);
     }
-    let mut crc = crc32fast::Hasher::new();
-    let mut lens = [0u8; 13];
-    lens[0] = kind as u8;
-    lens[1..5].copy_from_slice(&(header.len() as u32).to_le_bytes());
-    lens[5..9].copy_from_slice(&(a.len() as u32).to_le_bytes());
-    lens[9..13].copy_from_slice(&(b.len() as u32).to_le_bytes());
-    crc.update(&lens);
-    crc.update(header);
-    crc.update(a);
-    crc.update(b);
-    buf.extend_from_slice(MAGIC);
-    buf.extend_from_slice(&lens);
-    buf.extend_from_slice(&crc.finalize().to_le_bytes());
-    buf.extend_from_slice(header);
-    buf.extend_from_slice(a);
-    buf.extend_from_slice(b);
-    Ok(())
+    written
 }
 
 /// Decode the frame at the start of `data`: the frame and its length, or
@@ -133,6 +185,25 @@ pub fn decode_all(data: &[u8]) -> (Vec<Frame>, bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A header serialized in place makes the same bytes as one serialized
+    /// first, and a header that cannot be serialized leaves `buf` as it was.
+    #[test]
+    fn json_headers_in_place_frame_the_same_bytes() {
+        let header = serde_json::json!({"call_id": "c\u{e9}", "n": [1, 2.5]});
+        let (mut by_bytes, mut in_place) = (b"xy".to_vec(), b"xy".to_vec());
+        let h = serde_json::to_vec(&header).unwrap();
+        encode(&mut by_bytes, Kind::End, &h, b"resp", b"up").unwrap();
+        encode_json(&mut in_place, Kind::End, &header, b"resp", b"up").unwrap();
+        assert_eq!(by_bytes, in_place);
+        let (frames, clean) = decode_all(&in_place[2..]);
+        assert!(clean);
+        assert_eq!((frames.len(), frames[0].b.as_slice()), (1, &b"up"[..]));
+        let mut bad = std::collections::HashMap::new();
+        bad.insert(vec![1u8], 1);
+        assert!(encode_json(&mut in_place, Kind::End, &bad, b"r", b"").is_err());
+        assert_eq!(in_place, by_bytes);
+    }
 
     #[test]
     fn frames_round_trip_and_torn_tails_stop_replay() {
