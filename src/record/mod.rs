@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub(crate) use recorder::WalMsg;
-pub use recorder::{Recorder, RecorderTask};
+pub use recorder::{EndParts, QueueWait, Recorder, RecorderTask};
 pub use rollout_id::{check_rollout_id, InvalidRolloutId};
 pub use row::{CallRow, RolloutRow};
 pub use score::ScoreRow;

@@ -29,6 +29,13 @@ pub(crate) enum WalMsg {
     Shutdown,
 }
 
+/// A call's end, given back when it could not be written inline (boxed:
+/// the rare path).
+pub type EndParts = (CallOutcome, Bytes, Option<Bytes>);
+
+/// The wait for room in the shard queue, after an end written inline.
+pub type QueueWait<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
+
 /// The response path's handle on the recorder. Cheap to clone.
 #[derive(Clone)]
 pub struct Recorder {
@@ -96,8 +103,9 @@ impl Recorder {
                     tracing::warn!(error = %e, "inline write-ahead log write failed; the writer thread takes the call's start");
                 }
                 let (ack, done) = oneshot::channel();
-                self.tx
-                    .send(WalMsg::Begin(begin, Some(ack)))
+                // Boxed: this path is the rare one with inline writes on,
+                // and held inline its state would enlarge every call's.
+                Box::pin(self.tx.send(WalMsg::Begin(begin, Some(ack))))
                     .await
                     .map_err(|_| RecordError::Closed)?;
                 Some(done)
@@ -154,17 +162,25 @@ impl Recorder {
     /// writes usable, and the call's start known to be in the WAL already,
     /// so the end never precedes it), and hand its row to the shard
     /// writer. Returns the end back when it must go the thread's way
-    /// ([`Recorder::submit_end`]).
-    pub async fn end_inline(
+    /// ([`Recorder::submit_end`]); when written, what is left to await:
+    /// nothing as a rule, or the wait for room in a full shard queue.
+    ///
+    /// Not async: the caller's future would hold this one's state, and
+    /// each await copies a future whole.
+    pub fn end_inline(
         &self,
         outcome: CallOutcome,
         response: Bytes,
         upstream_response: Option<Bytes>,
-    ) -> Option<(CallOutcome, Bytes, Option<Bytes>)> {
+    ) -> Result<Option<QueueWait<'_>>, Box<EndParts>> {
         let Some(inline) = self.inline() else {
-            return Some((outcome, response, upstream_response));
+            return Err(Box::new((outcome, response, upstream_response)));
         };
-        inline.end(outcome, response, upstream_response).await.err()
+        let row = match inline.end(outcome, response, upstream_response)? {
+            Some(row) => inline.try_queue(row),
+            None => None,
+        };
+        Ok(row.map(|row| -> QueueWait<'_> { Box::pin(inline.queue(row)) }))
     }
 
     /// Log a rollout's outcome and wait until it is in the WAL.

@@ -43,12 +43,16 @@ impl tower::Service<Request<Incoming>> for Router {
     }
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        let state = self.state.clone();
-        Box::pin(async move { Ok(route(state, req).await) })
+        // The route's future boxed as it is made, not first moved into an
+        // async block: it is several KB, and each move is a copy of all of it.
+        Box::pin(route(self.state.clone(), req))
     }
 }
 
-async fn route(state: Arc<State>, mut req: Request<Incoming>) -> Response<ProxyBody> {
+async fn route(
+    state: Arc<State>,
+    mut req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, Infallible> {
     let Some(d) = req.extensions_mut().remove::<Dispatch>() else {
         let err = ApiError::new(
             500,
@@ -56,9 +60,9 @@ async fn route(state: Arc<State>, mut req: Request<Incoming>) -> Response<ProxyB
             "internal",
             "the request was not classified",
         );
-        return call::error_response(WireApi::ChatCompletions, &err);
+        return Ok(call::error_response(WireApi::ChatCompletions, &err));
     };
-    match d.kind {
+    Ok(match d.kind {
         Kind::Health | Kind::Admin => admin::handle(state, req).await,
         Kind::Control => super::control::handle(state, req).await,
         Kind::Malformed(err) => call::reject(&state, d.api, None, &err).await,
@@ -68,5 +72,5 @@ async fn route(state: Arc<State>, mut req: Request<Incoming>) -> Response<ProxyB
             let rollout = rollout.unwrap_or_else(|| state.rollouts.default_rollout.clone());
             call::proxy(state, d.api, &rollout, req).await
         }
-    }
+    })
 }

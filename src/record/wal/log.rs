@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
 
 /// What the lock guards.
 pub(crate) struct Log {
@@ -163,29 +164,33 @@ impl Inline {
         self.write(&buf, |log| log.book_begin(begin.clone()))
     }
 
-    /// Write a call's end (its start is in the WAL already) and hand its
-    /// row to the shard queue, waiting for room there. Gives the end back
-    /// when it could not be written (nothing of it stays).
-    pub(crate) async fn end(
+    /// Write a call's end (its start is in the WAL already). Returns its
+    /// row, to be handed to the shard queue ([`Inline::try_queue`]), or `None`
+    /// when no start of it was open. Gives the end back when it could not
+    /// be written (nothing of it stays).
+    ///
+    /// Not async: every future awaiting this one (up to the call's) would
+    /// hold its state, and each await copies a future whole.
+    pub(crate) fn end(
         &self,
         outcome: CallOutcome,
         response: Bytes,
         upstream_response: Option<Bytes>,
-    ) -> Result<(), (CallOutcome, Bytes, Option<Bytes>)> {
+    ) -> Result<Option<ShardItem>, Box<crate::record::EndParts>> {
         let mut buf = Vec::with_capacity(response.len() + 512);
         let up = upstream_response.as_deref();
         if super::encode_end(&mut buf, &outcome, &response, up).is_err() {
-            return Err((outcome, response, upstream_response));
+            return Err(Box::new((outcome, response, upstream_response)));
         }
         let mut open = None;
         let written = self.write(&buf, |log| open = log.pending.remove(&outcome.call_id));
         if let Err(e) = written {
             tracing::warn!(error = %e, "inline write-ahead log write failed; the writer thread takes the call's end");
-            return Err((outcome, response, upstream_response));
+            return Err(Box::new((outcome, response, upstream_response)));
         }
         let Some((segment, begin)) = open else {
             tracing::error!(call_id = %outcome.call_id, "call ended without a begin record");
-            return Ok(());
+            return Ok(None);
         };
         // On disk now, and counted before the caller answers, so that
         // `shard_lag_rows` covers it; if the shard writer has stopped,
@@ -197,14 +202,26 @@ impl Inline {
             response,
             upstream_response,
         };
-        if self
-            .rows
-            .send(ShardItem::Call { segment, call })
-            .await
-            .is_err()
-        {
+        Ok(Some(ShardItem::Call { segment, call }))
+    }
+
+    /// Hand a row written by [`Inline::end`] to the shard queue if it has
+    /// room; returns the row when it is full ([`Inline::queue`] waits).
+    pub(crate) fn try_queue(&self, row: ShardItem) -> Option<ShardItem> {
+        match self.rows.try_send(row) {
+            Ok(()) => None,
+            Err(TrySendError::Full(row)) => Some(row),
+            Err(TrySendError::Closed(_)) => {
+                tracing::error!("shard writer stopped; rows stay in the WAL until restart");
+                None
+            }
+        }
+    }
+
+    /// Hand a row to the shard queue, waiting for room there.
+    pub(crate) async fn queue(&self, row: ShardItem) {
+        if self.rows.send(row).await.is_err() {
             tracing::error!("shard writer stopped; rows stay in the WAL until restart");
         }
-        Ok(())
     }
 }

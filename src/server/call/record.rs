@@ -193,7 +193,12 @@ impl Call {
         failure: Option<(FailureClass, String)>,
         response: Bytes,
     ) -> Result<(), ApiError> {
-        self.log_begin().await;
+        // The paths taken rarely (a start not yet logged, an end sent to the
+        // writer's thread) are boxed, so that this future stays small: it is
+        // copied whole into each one that awaits it, up to the call's.
+        if !self.began {
+            Box::pin(self.log_begin()).await;
+        }
         self.count(status, failure.as_ref().map(|f| f.0));
         if let Some((class, msg)) = &failure {
             tracing::info!(
@@ -221,26 +226,35 @@ impl Call {
             self.begin_on_disk = written.await.is_ok();
         }
         let (outcome, response, upstream) = if self.begin_on_disk {
-            match recorder.end_inline(outcome, response, upstream).await {
-                None => {
+            match recorder.end_inline(outcome, response, upstream) {
+                Ok(wait) => {
+                    // In the WAL now: ended, even if the wait for room in
+                    // the shard queue is cut short.
                     self.ended = true;
+                    if let Some(wait) = wait {
+                        wait.await;
+                    }
                     return Ok(());
                 }
-                Some(end) => end,
+                Err(end) => *end,
             }
         } else {
             (outcome, response, upstream)
         };
-        let result = match recorder.submit_end(outcome, response, upstream).await {
-            Ok(ack) => {
-                self.ended = true;
-                ack.await
+        let ended = &mut self.ended;
+        let result = Box::pin(async move {
+            match recorder.submit_end(outcome, response, upstream).await {
+                Ok(ack) => {
+                    *ended = true;
+                    ack.await
+                }
+                Err(e) => {
+                    *ended = true;
+                    Err(e)
+                }
             }
-            Err(e) => {
-                self.ended = true;
-                Err(e)
-            }
-        };
+        })
+        .await;
         let Err(e) = result else {
             return Ok(());
         };
