@@ -228,11 +228,9 @@ impl Route {
                 headers: &headers,
                 body: &body,
             };
-            // reqwest's future is boxed: held inline, it made every call's
-            // future larger, and each await copies a future whole.
             let sent = match lease.replica.is_plain() {
                 true => self.send_plain(&lease.replica, one).await,
-                false => Box::pin(self.send_tls(&lease.replica, one)).await,
+                false => self.send_tls(&lease.replica, one).await,
             };
             match sent {
                 Ok(resp) => {

@@ -193,12 +193,7 @@ impl Call {
         failure: Option<(FailureClass, String)>,
         response: Bytes,
     ) -> Result<(), ApiError> {
-        // The paths taken rarely (a start not yet logged, an end sent to the
-        // writer's thread) are boxed, so that this future stays small: it is
-        // copied whole into each one that awaits it, up to the call's.
-        if !self.began {
-            Box::pin(self.log_begin()).await;
-        }
+        self.log_begin().await;
         self.count(status, failure.as_ref().map(|f| f.0));
         if let Some((class, msg)) = &failure {
             tracing::info!(
@@ -241,6 +236,9 @@ impl Call {
         } else {
             (outcome, response, upstream)
         };
+        // Boxed: the path taken rarely (the end sent to the writer's
+        // thread), so that this future stays small: it is copied whole into
+        // each one that awaits it, up to the call's.
         let ended = &mut self.ended;
         let result = Box::pin(async move {
             match recorder.submit_end(outcome, response, upstream).await {
