@@ -13,9 +13,10 @@ use super::wal::sync_dir;
 use super::{CompletedCall, RolloutFinish, SCHEMA_VERSION};
 use crate::config::ShardConfig;
 use arrow::array::{
-    ArrayRef, BinaryBuilder, BooleanArray, Float64Array, Int32Array, Int64Array, ListArray,
-    RecordBatch, StringBuilder, TimestampMicrosecondArray,
+    ArrayRef, BooleanArray, Float64Array, GenericByteBuilder, Int32Array, Int64Array, ListArray,
+    RecordBatch, TimestampMicrosecondArray,
 };
+use arrow::datatypes::{BinaryType, ByteArrayType, Utf8Type};
 use arrow::datatypes::{DataType, Field, Float64Type, Int32Type, Schema, SchemaRef, TimeUnit};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
@@ -74,25 +75,26 @@ fn list_of(t: DataType) -> DataType {
     DataType::List(Arc::new(Field::new("item", t, true)))
 }
 
-/// A string column, its buffer sized before it is filled: grown value by
-/// value, a batch of bodies was copied over and over.
-fn strs<'a>(it: impl Iterator<Item = Option<&'a str>> + Clone) -> ArrayRef {
-    let (rows, bytes) = it
-        .clone()
-        .fold((0, 0), |(n, b), v| (n + 1, b + v.map_or(0, str::len)));
-    let mut b = StringBuilder::with_capacity(rows, bytes);
+/// A string or binary column, its buffer sized before it is filled: grown
+/// value by value, a batch of bodies was copied over and over.
+fn sized<'a, T: ByteArrayType>(it: impl Iterator<Item = Option<&'a T::Native>> + Clone) -> ArrayRef
+where
+    T::Native: AsRef<[u8]> + 'a,
+{
+    let (rows, bytes) = it.clone().fold((0, 0), |(n, b), v| {
+        (n + 1, b + v.map_or(0, |v| v.as_ref().len()))
+    });
+    let mut b = GenericByteBuilder::<T>::with_capacity(rows, bytes);
     b.extend(it);
     Arc::new(b.finish())
 }
 
-/// A binary column, sized like [`strs`].
+fn strs<'a>(it: impl Iterator<Item = Option<&'a str>> + Clone) -> ArrayRef {
+    sized::<Utf8Type>(it)
+}
+
 fn bins<'a>(it: impl Iterator<Item = Option<&'a [u8]>> + Clone) -> ArrayRef {
-    let (rows, bytes) = it
-        .clone()
-        .fold((0, 0), |(n, b), v| (n + 1, b + v.map_or(0, <[u8]>::len)));
-    let mut b = BinaryBuilder::with_capacity(rows, bytes);
-    b.extend(it);
-    Arc::new(b.finish())
+    sized::<BinaryType>(it)
 }
 
 fn i64s(it: impl Iterator<Item = Option<i64>>) -> ArrayRef {

@@ -416,8 +416,7 @@ fn write_batches(w: &mut Writer, q: &mut WalQueues) {
                     }
                 }
                 WalMsg::Finish { finish, ack } => {
-                    let header = serde_json::to_vec(&finish).unwrap_or_default();
-                    let _ = encode(&mut buf, Kind::Finish, &header, &[], &[]);
+                    let _ = encode_json(&mut buf, Kind::Finish, &finish, &[], &[]);
                     let segment = log.segment;
                     *log.unpublished.entry(segment).or_insert(0) += 1;
                     batch
