@@ -16,7 +16,8 @@ use std::collections::BTreeMap;
 struct WholeParts<'a> {
     #[serde(borrow)]
     choices: Option<Vec<&'a RawValue>>,
-    usage: Option<Value>,
+    #[serde(borrow)]
+    usage: Option<&'a RawValue>,
     // Read by the general path (an error, token capture); a body with any
     // of them goes there.
     #[serde(borrow)]
@@ -29,10 +30,71 @@ struct WholeParts<'a> {
     sglext: Option<&'a RawValue>,
 }
 
+/// The first choice's parts. Only the message becomes a tree; a choice
+/// with token capture fields is read whole, as the tree path reads it.
+#[derive(Deserialize)]
+struct ChoiceParts<'a> {
+    /// `Some(Null)` for `"message": null`, which the tree path keeps too.
+    #[serde(default, deserialize_with = "present")]
+    message: Option<Value>,
+    finish_reason: Option<Value>,
+    #[serde(borrow)]
+    logprobs: Option<&'a RawValue>,
+    #[serde(borrow)]
+    token_ids: Option<&'a RawValue>,
+    #[serde(borrow)]
+    prompt_token_ids: Option<&'a RawValue>,
+    #[serde(borrow)]
+    prompt_logprobs: Option<&'a RawValue>,
+}
+
+/// A field that is there, even as `null`.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
+/// `usage` and its details as [`usage`] reads them, typed: three nested
+/// maps built as trees cost more than the rest of the answer.
+#[derive(Deserialize, Default)]
+struct UsageParts<'a> {
+    prompt_tokens: Option<Value>,
+    completion_tokens: Option<Value>,
+    total_tokens: Option<Value>,
+    #[serde(borrow)]
+    prompt_tokens_details: Option<&'a RawValue>,
+    #[serde(borrow)]
+    completion_tokens_details: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize, Default)]
+struct CachedParts {
+    cached_tokens: Option<Value>,
+}
+
+#[derive(Deserialize, Default)]
+struct ReasoningParts {
+    reasoning_tokens: Option<Value>,
+}
+
+/// A raw value read as `T` if it is an object (a path step into anything
+/// else finds nothing, where serde would also read `T` from an array);
+/// `None` when `T` cannot stand for it (a duplicate key, a field of
+/// another type), and the general path must read the body.
+fn object<'a, T: Deserialize<'a> + Default>(raw: Option<&'a RawValue>) -> Option<T> {
+    match raw.map(RawValue::get) {
+        Some(text) if text.starts_with('{') => serde_json::from_str(text).ok(),
+        _ => Some(T::default()),
+    }
+}
+
+fn int(v: Option<Value>) -> Option<i64> {
+    v.as_ref().and_then(Value::as_i64)
+}
+
 /// Read a whole (not streamed) answer as [`WireApi::assemble`] does, from
 /// its first choice and usage only. `None` when the general path must read
 /// it: not an object of that shape, no `choices` array, a duplicate key,
-/// an error, or token capture fields.
+/// an error, or top-level token capture fields.
 pub fn assemble_whole(body: &[u8]) -> Option<Assembled> {
     let parts: WholeParts = serde_json::from_slice(body).ok()?;
     if parts.error.is_some()
@@ -42,19 +104,45 @@ pub fn assemble_whole(body: &[u8]) -> Option<Assembled> {
     {
         return None;
     }
-    let first = match parts.choices?.first() {
-        Some(c) => vec![serde_json::from_str::<Value>(c.get()).ok()?],
-        None => Vec::new(),
+    let choices = parts.choices?;
+    let u: UsageParts = object(parts.usage)?;
+    let cached: CachedParts = object(u.prompt_tokens_details)?;
+    let reasoning: ReasoningParts = object(u.completion_tokens_details)?;
+    let mut out = Assembled {
+        answer: true,
+        usage: Usage {
+            prompt: int(u.prompt_tokens),
+            completion: int(u.completion_tokens),
+            total: int(u.total_tokens),
+            cached: int(cached.cached_tokens),
+            reasoning: int(reasoning.reasoning_tokens),
+        },
+        ..Assembled::default()
     };
-    let mut top = Map::new();
-    top.insert("choices".into(), Value::Array(first));
-    if let Some(u) = parts.usage {
-        top.insert("usage".into(), u);
+    let Some(first) = choices.first().map(|c| c.get()) else {
+        return Some(out);
+    };
+    if !first.starts_with('{') {
+        return None;
     }
-    let resp = Value::Object(top);
-    let mut out = Assembled::default();
-    extract(&resp, &mut out);
-    out.response = Some(resp);
+    let choice: ChoiceParts = serde_json::from_str(first).ok()?;
+    if choice.logprobs.is_some()
+        || choice.token_ids.is_some()
+        || choice.prompt_token_ids.is_some()
+        || choice.prompt_logprobs.is_some()
+    {
+        let resp = json!({ "choices": [serde_json::from_str::<Value>(first).ok()?] });
+        out.tokens = tokens::read(WireApi::ChatCompletions, &resp);
+    }
+    out.finish_reason = choice
+        .finish_reason
+        .as_ref()
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    if let Some(msg) = choice.message {
+        out.tool_calls = msg.get("tool_calls").filter(|t| !t.is_null()).cloned();
+        out.message = Some(msg);
+    }
     Some(out)
 }
 

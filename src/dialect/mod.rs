@@ -110,6 +110,7 @@ impl WireApi {
             ..Assembled::default()
         };
         if let Some(resp) = value.response {
+            out.answer = self.is_answer(&resp);
             match self {
                 Self::ChatCompletions => chat::extract(&resp, &mut out),
                 Self::Responses => responses::extract(&resp, &mut out),
@@ -376,10 +377,12 @@ impl Tokens {
 /// A response assembled into one object, with the fields a trainer reads.
 #[derive(Debug, Default)]
 pub struct Assembled {
-    /// The response as one object. Of a whole Chat Completions body, only
-    /// what the fields below are read from (its first choice and usage):
-    /// the body itself is kept as its bytes.
+    /// The response as one object. `None` for a whole Chat Completions
+    /// body read by its parts (see `chat::assemble_whole`): that body is
+    /// kept as its bytes, and the fields below hold what is read of it.
     pub response: Option<Value>,
+    /// The response has its API's answer shape ([`WireApi::is_answer`]).
+    pub answer: bool,
     /// The assistant's answer as a chat message (content, reasoning_content, tool_calls).
     pub message: Option<Value>,
     pub tool_calls: Option<Value>,
@@ -462,6 +465,15 @@ mod tests {
             r#"[1,2]"#,
             r#"{"choices":[{"message":{"content":"a"}}]} trailing"#,
             r#""#,
+            // Read by parts: spacing, a null message, odd usage shapes.
+            r#" { "choices" : [ { "message" : null , "finish_reason" : 7 } ] , "usage" : [ 1 ] } "#,
+            r#"{"choices":[{"message":"text","finish_reason":"stop","logprobs":null,"token_ids":null}],"usage":{"prompt_tokens":2.5,"completion_tokens":"3","total_tokens":-4,"prompt_tokens_details":[1],"completion_tokens_details":{"reasoning_tokens":9}}}"#,
+            r#"{"choices":[{"finish_reason":null}],"usage":{"prompt_tokens_details":null,"completion_tokens_details":"x"}}"#,
+            r#"{"choices":[{"message":{"content":"a","content":"b"}}],"usage":{"total_tokens":{"n":1}}}"#,
+            // Left to the tree: duplicate keys the typed parts refuse.
+            r#"{"choices":[{"message":{"content":"a"},"message":{"content":"b"}}]}"#,
+            r#"{"choices":[{"message":{"content":"a"}}],"usage":{"total_tokens":1,"total_tokens":2}}"#,
+            r#"{"choices":[{}],"usage":{"prompt_tokens_details":{"cached_tokens":1,"cached_tokens":2}}}"#,
         ];
         for body in bodies {
             let parts = WireApi::ChatCompletions.assemble(body.as_bytes(), false);
@@ -475,17 +487,14 @@ mod tests {
             assert_eq!(tokens(&parts), tokens(&tree), "{body}");
             assert_eq!(parts.failure, tree.failure, "{body}");
             assert_eq!(parts.error, tree.error, "{body}");
-            let shaped = |a: &Assembled| {
-                a.response
-                    .as_ref()
-                    .map(|r| WireApi::ChatCompletions.is_answer(r))
-            };
-            assert_eq!(shaped(&parts), shaped(&tree), "{body}");
+            assert_eq!(parts.answer, tree.answer, "{body}");
         }
         let by_parts = |b: &str| chat::assemble_whole(b.as_bytes()).is_some();
         assert!(by_parts(bodies[0]) && by_parts(bodies[1]) && by_parts(bodies[2]));
         assert!(!by_parts(bodies[4]) && !by_parts(bodies[6]) && !by_parts(bodies[8]));
         assert!(!by_parts(bodies[10]) && !by_parts(bodies[11]));
+        assert!(bodies[15..19].iter().all(|b| by_parts(b)));
+        assert!(!bodies[19..].iter().any(|b| by_parts(b)));
     }
 
     fn failure(api: WireApi, body: &str, stream: bool) -> Option<(StreamFailureKind, String)> {

@@ -140,12 +140,7 @@ fn upstream_verdict(c: &CompletedCall, a: &Assembled) -> Option<(FailureClass, S
         };
         return Some((class, format!("{what}: {}", f.message)));
     }
-    let api = Some(c.begin.meta.wire_api);
-    let shaped = match (&a.response, api) {
-        (Some(r), Some(api)) => api.is_answer(r),
-        _ => false,
-    };
-    if !shaped || a.message.is_none() {
+    if !a.answer || a.message.is_none() {
         return Some((
             FailureClass::UpstreamInvalid,
             "the upstream's answer could not be read as its API's response; its bytes are kept in response_raw".into(),
