@@ -2,7 +2,7 @@
 //! after it: health and metrics, an admin endpoint, a call to proxy (with
 //! the rollout its path names), or a request refused for its path.
 
-use super::{ready, take};
+use super::ready;
 use crate::dialect::{ApiError, WireApi};
 use crate::record::check_rollout_id;
 use http::{Method, Request};
@@ -129,7 +129,7 @@ where
     fn call(&mut self, mut req: Request<B>) -> S::Future {
         let d = classify(req.method(), req.uri().path());
         req.extensions_mut().insert(d);
-        take(&mut self.inner).call(req)
+        self.inner.call(req)
     }
 }
 

@@ -2,11 +2,11 @@
 //! but `/healthz` and `/metrics` must present one (`Authorization: Bearer`
 //! or `x-api-key`), or it is answered 401 in its API's format.
 
-use super::{ready, take, Dispatch, Kind};
+use super::{ready, Dispatch, Kind};
 use crate::dialect::ApiError;
 use crate::http::ProxyBody;
 use crate::server::{call, State};
-use futures_util::future::BoxFuture;
+use futures_util::future::{BoxFuture, Either};
 use http::{header, HeaderMap, Request, Response};
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -71,7 +71,8 @@ where
 {
     type Response = Response<ProxyBody>;
     type Error = Infallible;
-    type Future = BoxFuture<'static, Result<Response<ProxyBody>, Infallible>>;
+    /// The inner service's own future, or a refusal's.
+    type Future = Either<S::Future, BoxFuture<'static, Result<Response<ProxyBody>, Infallible>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         ready(cx)
@@ -85,10 +86,10 @@ where
             .filter(|d| !admits(self.state.client_keys.as_ref(), d, req.headers()))
             .map(|d| (d.api, d.rollout.clone()));
         let Some((api, rollout)) = refused else {
-            return Box::pin(take(&mut self.inner).call(req));
+            return Either::Left(self.inner.call(req));
         };
         let state = self.state.clone();
-        Box::pin(async move {
+        Either::Right(Box::pin(async move {
             let err = ApiError::new(
                 401,
                 "authentication_error",
@@ -96,7 +97,7 @@ where
                 "missing or unknown client key: send one of the configured keys as `Authorization: Bearer <key>` or `x-api-key`",
             );
             Ok(call::reject(&state, api, rollout.as_deref(), &err).await)
-        })
+        }))
     }
 }
 

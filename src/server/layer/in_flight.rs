@@ -2,7 +2,7 @@
 //! from its arrival to the last byte of its answer (the count travels with
 //! the body).
 
-use super::{ready, take, Dispatch, Kind};
+use super::{ready, Dispatch, Kind};
 use crate::http::Held;
 use futures_util::future::BoxFuture;
 use http::{Request, Response};
@@ -75,7 +75,7 @@ where
             .get::<Dispatch>()
             .is_some_and(|d| matches!(d.kind, Kind::Call));
         let counted = is_call.then(|| Counted::new(&self.gauge));
-        let fut = take(&mut self.inner).call(req);
+        let fut = self.inner.call(req);
         Box::pin(async move {
             let resp = fut.await?;
             Ok(resp.map(|b| Held::new(b, counted)))

@@ -30,6 +30,11 @@ impl Slots {
         }
     }
 
+    /// A slot free now, without waiting (and without a timer).
+    pub fn try_take(&self) -> Option<OwnedSemaphorePermit> {
+        self.sem.clone().try_acquire_owned().ok()
+    }
+
     /// A free slot, or `None` when none came free within the wait.
     pub async fn take(&self) -> Option<OwnedSemaphorePermit> {
         tokio::time::timeout(self.wait, self.sem.clone().acquire_owned())
@@ -101,17 +106,47 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
+        let is_call = req
+            .extensions()
+            .get::<Dispatch>()
+            .is_some_and(|d| matches!(d.kind, Kind::Call));
+        // Not a call, or a slot free now: the inner service is called at
+        // once. Only a call that must wait for a slot takes a clone of it.
+        let slot = match is_call {
+            false => None,
+            true => match self.layer.slots.try_take() {
+                Some(slot) => Some(slot),
+                None => return self.wait_for_slot(req),
+            },
+        };
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let resp = fut.await?;
+            Ok(resp.map(|b| Held::new(b, slot)))
+        })
+    }
+}
+
+impl<S> Limit<S> {
+    /// A call that found no free slot: wait for one, up to
+    /// `server.queue_timeout_secs`, then call the inner service, or answer
+    /// 503 `overloaded`.
+    fn wait_for_slot<B, RB>(
+        &mut self,
+        req: Request<B>,
+    ) -> BoxFuture<'static, Result<Response<Held<RB, OwnedSemaphorePermit>>, Infallible>>
+    where
+        S: tower::Service<Request<B>, Response = Response<RB>, Error = Infallible>
+            + Clone
+            + Send
+            + 'static,
+        S::Future: Send,
+        B: Send + 'static,
+        RB: From<ProxyBody> + Send + 'static,
+    {
         let mut inner = take(&mut self.inner);
         let layer = self.layer.clone();
         Box::pin(async move {
-            let is_call = req
-                .extensions()
-                .get::<Dispatch>()
-                .is_some_and(|d| matches!(d.kind, Kind::Call));
-            if !is_call {
-                let resp = inner.call(req).await?;
-                return Ok(resp.map(|b| Held::new(b, None)));
-            }
             let Some(slot) = layer.slots.take().await else {
                 let d = req.extensions().get::<Dispatch>();
                 let api = d.map_or(crate::dialect::WireApi::ChatCompletions, |d| d.api);

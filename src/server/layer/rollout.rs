@@ -3,13 +3,13 @@
 //! `rollouts.untagged` (record it under `rollouts.default_rollout`, or
 //! refuse it). The id goes into the request's extensions as [`Rollout`].
 
-use super::{ready, take, Dispatch, Kind};
+use super::{ready, Dispatch, Kind};
 use crate::config::{RolloutConfig, Untagged};
 use crate::dialect::ApiError;
 use crate::http::ProxyBody;
 use crate::record::check_rollout_id;
 use crate::server::{call, State};
-use futures_util::future::BoxFuture;
+use futures_util::future::{BoxFuture, Either};
 use http::{HeaderMap, Request, Response};
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -80,7 +80,8 @@ where
 {
     type Response = Response<ProxyBody>;
     type Error = Infallible;
-    type Future = BoxFuture<'static, Result<Response<ProxyBody>, Infallible>>;
+    /// The inner service's own future, or a refusal's.
+    type Future = Either<S::Future, BoxFuture<'static, Result<Response<ProxyBody>, Infallible>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         ready(cx)
@@ -92,17 +93,19 @@ where
             .get::<Dispatch>()
             .filter(|d| matches!(d.kind, Kind::Call))
         else {
-            return Box::pin(take(&mut self.inner).call(req));
+            return Either::Left(self.inner.call(req));
         };
         let api = d.api;
         match resolve(&self.state.rollouts, d.rollout.as_deref(), req.headers()) {
             Ok(r) => {
                 req.extensions_mut().insert(Rollout(r));
-                Box::pin(take(&mut self.inner).call(req))
+                Either::Left(self.inner.call(req))
             }
             Err(err) => {
                 let state = self.state.clone();
-                Box::pin(async move { Ok(call::reject(&state, api, None, &err).await) })
+                Either::Right(Box::pin(async move {
+                    Ok(call::reject(&state, api, None, &err).await)
+                }))
             }
         }
     }
