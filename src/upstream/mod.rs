@@ -277,6 +277,9 @@ impl Route {
         *req.method_mut() = r.method.clone();
         *req.uri_mut() = uri;
         *req.headers_mut() = r.headers.clone();
+        if let Some(host) = &replica.host {
+            req.headers_mut().insert(http::header::HOST, host.clone());
+        }
         let send = self.clients.get().plain.request(req);
         match tokio::time::timeout(self.response_timeout, send).await {
             Err(_) => Err(Failed::Other(UpstreamError::Timeout(self.response_timeout))),

@@ -62,6 +62,9 @@ pub struct Replica {
     endpoints: Vec<(&'static str, reqwest::Url)>,
     /// The same, for hyper's client, when the replica speaks plain HTTP.
     plain: Vec<(&'static str, http::Uri)>,
+    /// The `Host` header hyper's client would derive from those URIs on
+    /// each call (a `format!` and a header check per call), made once.
+    pub host: Option<http::HeaderValue>,
     /// Calls in flight on it now.
     in_flight: AtomicUsize,
     /// Down until this many ms after the pool's epoch (0: up).
@@ -79,7 +82,7 @@ impl Replica {
                     .map_err(|err| format!("url {url:?}: {err}"))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let plain = endpoints
+        let plain: Vec<(&'static str, http::Uri)> = endpoints
             .iter()
             // reqwest sends a URL's credentials as Basic auth; hyper does not.
             .filter(|(_, u)| {
@@ -87,11 +90,13 @@ impl Replica {
             })
             .filter_map(|(e, u)| Some((*e, u.as_str().parse().ok()?)))
             .collect();
+        let host = plain.first().and_then(|(_, u)| host_header(u));
         Ok(Replica {
             url: url.to_owned(),
             redacted: crate::redact::redacted(url),
             endpoints,
             plain,
+            host,
             in_flight: AtomicUsize::new(0),
             down_until: AtomicU64::new(0),
         })
@@ -124,6 +129,17 @@ impl Replica {
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
     }
+}
+
+/// `Host` for a plain-HTTP URI, as hyper's client sets it: the host, and
+/// the port unless it is 80.
+fn host_header(u: &http::Uri) -> Option<http::HeaderValue> {
+    let host = u.host()?;
+    let value = match u.port_u16() {
+        Some(port) if port != 80 => format!("{host}:{port}"),
+        _ => host.to_owned(),
+    };
+    http::HeaderValue::from_str(&value).ok()
 }
 
 /// A replica taken for a call: counted in flight until dropped. It holds

@@ -255,3 +255,32 @@ fn plain_http_replicas_take_hyper_others_reqwest() {
     let with_pass = Replica::new("http://u:secret-pass@10.0.0.1:8000/v1").unwrap();
     assert!(!with_pass.redacted.contains("secret-pass"));
 }
+
+#[test]
+fn a_plain_replica_knows_its_host_header_a_tls_one_has_none() {
+    let host = |u: &str| {
+        Replica::new(u)
+            .unwrap()
+            .host
+            .map(|h: http::HeaderValue| h.to_str().unwrap().to_owned())
+    };
+    assert_eq!(
+        host("http://10.0.0.1:8000/v1").as_deref(),
+        Some("10.0.0.1:8000")
+    );
+    assert_eq!(
+        host("http://model.internal/v1/").as_deref(),
+        Some("model.internal")
+    );
+    assert_eq!(
+        host("http://model.internal:80/v1").as_deref(),
+        Some("model.internal")
+    );
+    assert_eq!(host("http://[::1]:9000/v1").as_deref(), Some("[::1]:9000"));
+    assert_eq!(
+        host("http://Model.Internal:8080").as_deref(),
+        Some("model.internal:8080")
+    );
+    assert_eq!(host("https://api.example.com/v1"), None);
+    assert_eq!(host("http://user:pw@model.internal/v1"), None);
+}
