@@ -6,8 +6,10 @@
 //! known text, and (optionally) no tools offered. The rules are data: each
 //! harness adapter lists its own, and the config may add more.
 
+use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use std::borrow::Cow;
 
 /// What a side call looks like.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -45,23 +47,60 @@ struct Msg<'a> {
     content: Option<&'a RawValue>,
 }
 
-#[derive(Deserialize)]
-struct Block {
-    #[serde(default)]
-    text: String,
+/// The first message that names a role. The messages after it are skipped
+/// unread: an agent's history is most of its request, and this runs on
+/// every call.
+struct FirstRole<'a>(Option<Msg<'a>>);
+
+impl<'de> Deserialize<'de> for FirstRole<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = FirstRole<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an array of messages")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<FirstRole<'de>, A::Error> {
+                let mut first = None;
+                while let Some(m) = seq.next_element::<Msg<'de>>()? {
+                    if m.role.is_some() {
+                        first = Some(m);
+                        break;
+                    }
+                }
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(FirstRole(first))
+            }
+        }
+        d.deserialize_seq(V)
+    }
 }
 
-/// The text of a string, or of each of an array of text blocks.
-fn texts_of(v: &RawValue) -> Vec<String> {
-    if let Ok(s) = serde_json::from_str::<String>(v.get()) {
-        return vec![s];
+#[derive(Deserialize)]
+struct Block<'a> {
+    #[serde(borrow, default)]
+    text: Cow<'a, str>,
+}
+
+/// The text of a string, or of each of an array of text blocks, borrowed
+/// from the body where it has no escapes (a system prompt is often many KB).
+fn texts_of(v: &RawValue) -> Vec<Cow<'_, str>> {
+    let text = v.get();
+    if let Ok(s) = serde_json::from_str::<&str>(text) {
+        return vec![Cow::Borrowed(s)];
     }
-    serde_json::from_str::<Vec<Block>>(v.get())
+    if let Ok(s) = serde_json::from_str::<String>(text) {
+        return vec![Cow::Owned(s)];
+    }
+    serde_json::from_str::<Vec<Block>>(text)
         .map(|b| b.into_iter().map(|b| b.text).collect())
         .unwrap_or_default()
 }
 
-impl Shape<'_> {
+impl<'a> Shape<'a> {
     fn has_tools(&self) -> bool {
         self.tools
             .is_some_and(|t| !matches!(t.get().trim(), "null" | "[]"))
@@ -69,12 +108,13 @@ impl Shape<'_> {
 
     /// The system prompt's texts (a string, or its blocks), wherever this
     /// API keeps it.
-    fn system_prompt(&self) -> Option<Vec<String>> {
+    fn system_prompt(&self) -> Option<Vec<Cow<'a, str>>> {
         if let Some(s) = self.system.or(self.instructions) {
             return Some(texts_of(s));
         }
-        let msgs: Vec<Msg> = serde_json::from_str(self.messages?.get()).ok()?;
-        let first = msgs.into_iter().find(|m| m.role.is_some())?;
+        let first = serde_json::from_str::<FirstRole>(self.messages?.get())
+            .ok()?
+            .0?;
         matches!(first.role, Some("system" | "developer"))
             .then(|| first.content.map(texts_of).unwrap_or_default())
     }
@@ -132,6 +172,16 @@ mod tests {
         let responses = br#"{"instructions":"You are a title generator","input":"x","tools":[]}"#;
         assert!(is_side_call(&rules(), responses));
         assert!(!is_side_call(&rules(), b"not json"));
+        // Escapes in the prompt; messages before the first role, and any
+        // after it, whatever their shape.
+        let escaped = br#"{"messages":[{"content":"x"},{"role":"developer","content":"You are a title\u0020generator"},7,{"role":1}]}"#;
+        assert!(is_side_call(&rules(), escaped));
+        let user_first = br#"{"messages":[{"role":"user","content":"You are a title generator"},{"role":"system","content":"You are a title generator"}]}"#;
+        assert!(!is_side_call(&rules(), user_first));
+        assert!(!is_side_call(
+            &rules(),
+            br#"{"messages":[7,{"role":"system","content":"You are a title generator"}]}"#
+        ));
         assert!(!is_side_call(&[], chat));
     }
 }
