@@ -27,6 +27,7 @@
 //! commit.
 
 mod frame;
+mod header;
 mod log;
 mod mapped;
 mod segment;
@@ -450,7 +451,8 @@ fn write_batches(w: &mut Writer, q: &mut WalQueues) {
 fn encode_begin(buf: &mut Vec<u8>, begin: &CallBegin) {
     let up = begin.upstream_request.as_deref().unwrap_or(&[]);
     // Request bodies are capped far below a frame's limit (config validation).
-    let _ = encode_json(buf, Kind::Begin, &begin.meta, &begin.request, up);
+    let meta = |buf: &mut Vec<u8>| header::meta(buf, &begin.meta);
+    let _ = frame::encode_with(buf, Kind::Begin, meta, &begin.request, up);
 }
 
 /// Append a call's end frame to `buf`; on an error `buf` is as it was.
@@ -460,7 +462,8 @@ fn encode_end(
     response: &[u8],
     upstream: Option<&[u8]>,
 ) -> std::io::Result<()> {
-    encode_json(buf, Kind::End, outcome, response, upstream.unwrap_or(&[]))
+    let header = |buf: &mut Vec<u8>| header::outcome(buf, outcome);
+    frame::encode_with(buf, Kind::End, header, response, upstream.unwrap_or(&[]))
         .map_err(std::io::Error::other)
 }
 

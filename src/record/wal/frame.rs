@@ -68,6 +68,18 @@ pub fn encode_json<T: serde::Serialize>(
     frame(buf, kind, |buf| serde_json::to_writer(buf, header), a, b)
 }
 
+/// Append one frame whose JSON header `header` writes straight into `buf`.
+/// On an error `buf` is as it was.
+pub fn encode_with(
+    buf: &mut Vec<u8>,
+    kind: Kind,
+    header: impl FnOnce(&mut Vec<u8>) -> Result<(), serde_json::Error>,
+    a: &[u8],
+    b: &[u8],
+) -> Result<(), FrameError> {
+    frame(buf, kind, header, a, b)
+}
+
 /// Why a frame could not be encoded.
 #[derive(Debug, thiserror::Error)]
 pub enum FrameError {
