@@ -49,7 +49,7 @@ pub fn encode(
         buf.extend_from_slice(header);
         Ok(())
     };
-    frame(buf, kind, write, a, b).map_err(|e| match e {
+    encode_with(buf, kind, write, a, b).map_err(|e| match e {
         FrameError::TooLarge(e) => e,
         FrameError::Header(_) => FrameTooLarge(header_len),
     })
@@ -65,19 +65,7 @@ pub fn encode_json<T: serde::Serialize>(
     a: &[u8],
     b: &[u8],
 ) -> Result<(), FrameError> {
-    frame(buf, kind, |buf| serde_json::to_writer(buf, header), a, b)
-}
-
-/// Append one frame whose JSON header `header` writes straight into `buf`.
-/// On an error `buf` is as it was.
-pub fn encode_with(
-    buf: &mut Vec<u8>,
-    kind: Kind,
-    header: impl FnOnce(&mut Vec<u8>) -> Result<(), serde_json::Error>,
-    a: &[u8],
-    b: &[u8],
-) -> Result<(), FrameError> {
-    frame(buf, kind, header, a, b)
+    encode_with(buf, kind, |buf| serde_json::to_writer(buf, header), a, b)
 }
 
 /// Why a frame could not be encoded.
@@ -91,9 +79,9 @@ pub enum FrameError {
     TooLarge(#[from] FrameTooLarge),
 }
 
-/// Append one frame, its header written by `header`; on an error `buf` is
-/// as it was.
-fn frame(
+/// Append one frame, its header written by `header` straight into `buf`;
+/// on an error `buf` is as it was.
+pub fn encode_with(
     buf: &mut Vec<u8>,
     kind: Kind,
     header: impl FnOnce(&mut Vec<u8>) -> Result<(), serde_json::Error>,
