@@ -16,8 +16,7 @@ use std::collections::BTreeMap;
 struct WholeParts<'a> {
     #[serde(borrow)]
     choices: Option<Vec<&'a RawValue>>,
-    #[serde(borrow)]
-    usage: Option<&'a RawValue>,
+    usage: Option<ObjectOr<UsageParts>>,
     // Read by the general path (an error, token capture); a body with any
     // of them goes there.
     #[serde(borrow)]
@@ -53,17 +52,17 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::E
     Value::deserialize(d).map(Some)
 }
 
-/// `usage` and its details as [`usage`] reads them, typed: three nested
-/// maps built as trees cost more than the rest of the answer.
+/// `usage` and its details as [`usage`] reads them, typed and in the same
+/// pass as the rest of the answer: three nested maps built as trees cost
+/// more than the rest of the answer, and reading each of them again from
+/// its raw text scanned the usage three times.
 #[derive(Deserialize, Default)]
-struct UsageParts<'a> {
+struct UsageParts {
     prompt_tokens: Option<Value>,
     completion_tokens: Option<Value>,
     total_tokens: Option<Value>,
-    #[serde(borrow)]
-    prompt_tokens_details: Option<&'a RawValue>,
-    #[serde(borrow)]
-    completion_tokens_details: Option<&'a RawValue>,
+    prompt_tokens_details: Option<ObjectOr<CachedParts>>,
+    completion_tokens_details: Option<ObjectOr<ReasoningParts>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -76,15 +75,66 @@ struct ReasoningParts {
     reasoning_tokens: Option<Value>,
 }
 
-/// A raw value read as `T` if it is an object (a path step into anything
-/// else finds nothing, where serde would also read `T` from an array);
-/// `None` when `T` cannot stand for it (a duplicate key, a field of
-/// another type), and the general path must read the body.
-fn object<'a, T: Deserialize<'a> + Default>(raw: Option<&'a RawValue>) -> Option<T> {
-    match raw.map(RawValue::get) {
-        Some(text) if text.starts_with('{') => serde_json::from_str(text).ok(),
-        _ => Some(T::default()),
+/// `T` read from an object, and `T::default()` for any other value: a path
+/// step into anything but an object finds nothing, where serde would also
+/// read `T` from an array. An object `T` cannot stand for (a duplicate key,
+/// a field of another type) fails the whole read, and the general path
+/// reads the body.
+struct ObjectOr<T>(T);
+
+impl<'de, T: Deserialize<'de> + Default> Deserialize<'de> for ObjectOr<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ObjectOrVisitor(std::marker::PhantomData))
     }
+}
+
+struct ObjectOrVisitor<T>(std::marker::PhantomData<T>);
+
+impl<'de, T: Deserialize<'de> + Default> serde::de::Visitor<'de> for ObjectOrVisitor<T> {
+    type Value = ObjectOr<T>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+        T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(ObjectOr)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(ObjectOr(T::default()))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(ObjectOr(T::default()))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(ObjectOr(T::default()))
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(ObjectOr(T::default()))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(ObjectOr(T::default()))
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(ObjectOr(T::default()))
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(ObjectOr(T::default()))
+    }
+}
+
+/// What an optional [`ObjectOr`] holds, or the default when it is absent
+/// or `null`.
+fn or_default<T: Default>(v: Option<ObjectOr<T>>) -> T {
+    v.map(|o| o.0).unwrap_or_default()
 }
 
 fn int(v: Option<Value>) -> Option<i64> {
@@ -105,9 +155,9 @@ pub fn assemble_whole(body: &[u8]) -> Option<Assembled> {
         return None;
     }
     let choices = parts.choices?;
-    let u: UsageParts = object(parts.usage)?;
-    let cached: CachedParts = object(u.prompt_tokens_details)?;
-    let reasoning: ReasoningParts = object(u.completion_tokens_details)?;
+    let u = or_default(parts.usage);
+    let cached = or_default(u.prompt_tokens_details);
+    let reasoning = or_default(u.completion_tokens_details);
     let mut out = Assembled {
         answer: true,
         usage: Usage {

@@ -470,6 +470,9 @@ mod tests {
             r#"{"choices":[{"message":"text","finish_reason":"stop","logprobs":null,"token_ids":null}],"usage":{"prompt_tokens":2.5,"completion_tokens":"3","total_tokens":-4,"prompt_tokens_details":[1],"completion_tokens_details":{"reasoning_tokens":9}}}"#,
             r#"{"choices":[{"finish_reason":null}],"usage":{"prompt_tokens_details":null,"completion_tokens_details":"x"}}"#,
             r#"{"choices":[{"message":{"content":"a","content":"b"}}],"usage":{"total_tokens":{"n":1}}}"#,
+            r#"{"choices":[],"usage":"x"}"#,
+            r#"{"choices":[],"usage":true}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":1,"prompt_tokens_details":5,"completion_tokens_details":[{"reasoning_tokens":1}]}}"#,
             // Left to the tree: duplicate keys the typed parts refuse.
             r#"{"choices":[{"message":{"content":"a"},"message":{"content":"b"}}]}"#,
             r#"{"choices":[{"message":{"content":"a"}}],"usage":{"total_tokens":1,"total_tokens":2}}"#,
@@ -493,8 +496,8 @@ mod tests {
         assert!(by_parts(bodies[0]) && by_parts(bodies[1]) && by_parts(bodies[2]));
         assert!(!by_parts(bodies[4]) && !by_parts(bodies[6]) && !by_parts(bodies[8]));
         assert!(!by_parts(bodies[10]) && !by_parts(bodies[11]));
-        assert!(bodies[15..19].iter().all(|b| by_parts(b)));
-        assert!(!bodies[19..].iter().any(|b| by_parts(b)));
+        assert!(bodies[15..22].iter().all(|b| by_parts(b)));
+        assert!(!bodies[22..].iter().any(|b| by_parts(b)));
     }
 
     fn failure(api: WireApi, body: &str, stream: bool) -> Option<(StreamFailureKind, String)> {
