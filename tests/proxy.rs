@@ -408,3 +408,50 @@ async fn health_metrics_and_bad_requests() {
     );
     assert!(rows.iter().any(|r| r["rollout_id"] == "hdr-1"));
 }
+
+/// A replica with credentials in its URL goes through the reqwest client
+/// (built on each serving thread's first such call), which sends them as
+/// basic auth; the password reaches no row.
+#[tokio::test]
+async fn a_replica_with_credentials_in_its_url_is_called_with_them() {
+    let up = upstream::start(|_| {
+        upstream::whole(200, "application/json", r#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}"#)
+    })
+    .await;
+    let with_creds = up
+        .url
+        .replacen("http://", "http://agent:replica-pw-4417@", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let px = proxy(dir.path(), &with_creds, "");
+    let c = client();
+    for i in 0..3 {
+        let resp = c
+            .post(format!("{}/rollouts/creds-{i}/v1/chat/completions", px.url))
+            .body(r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert!(resp.text().await.unwrap().contains(r#""content":"ok""#));
+    }
+    let seen = up.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3);
+    // base64("agent:replica-pw-4417")
+    assert_eq!(
+        seen[0].headers["authorization"],
+        "Basic YWdlbnQ6cmVwbGljYS1wdy00NDE3"
+    );
+    wait_published(&c, &px.url).await;
+    px.stop();
+    let rows = read_rows(&shards_dir(dir.path()), "calls");
+    assert_eq!(rows.len(), 3);
+    for r in &rows {
+        assert_eq!(r["status"], "ok");
+        for v in r.values() {
+            assert!(
+                !v.to_string().contains("replica-pw-4417"),
+                "a password was recorded"
+            );
+        }
+    }
+}

@@ -64,10 +64,13 @@ impl ClientOptions {
     }
 }
 
-/// One thread's clients.
+/// One thread's clients. The reqwest client is built on its first call: it
+/// loads the platform's root certificates (about 19 million instructions,
+/// milliseconds of a serving thread), which a route of plain-HTTP replicas,
+/// the usual case, never needs.
 pub(super) struct Pair {
     pub plain: Plain,
-    pub tls: reqwest::Client,
+    tls: OnceLock<reqwest::Client>,
 }
 
 /// A route's clients, one pair per thread, built on first use.
@@ -100,7 +103,14 @@ impl Clients {
     pub(super) fn get(&self) -> &Pair {
         self.slots[slot()].get_or_init(|| Pair {
             plain: self.options.plain(),
-            tls: self.options.tls().unwrap_or_else(|_| self.first.clone()),
+            tls: OnceLock::new(),
         })
+    }
+
+    /// This thread's reqwest client, built on first use.
+    pub(super) fn tls(&self) -> &reqwest::Client {
+        self.get()
+            .tls
+            .get_or_init(|| self.options.tls().unwrap_or_else(|_| self.first.clone()))
     }
 }

@@ -302,8 +302,7 @@ impl Route {
         };
         let req = self
             .clients
-            .get()
-            .tls
+            .tls()
             .request(r.method.clone(), url)
             .headers(r.headers.clone())
             .body(r.body.clone());
@@ -355,8 +354,7 @@ impl Route {
             let url = format!("{origin}/update_weights_from_disk");
             let req = self
                 .clients
-                .get()
-                .tls
+                .tls()
                 .post(url)
                 .headers(headers.clone())
                 .body(body.clone())
@@ -413,8 +411,7 @@ impl Route {
                     };
                     let probe = r
                         .clients
-                        .get()
-                        .tls
+                        .tls()
                         .get(url.clone())
                         .timeout(every.min(Duration::from_secs(2)));
                     match probe.send().await {
