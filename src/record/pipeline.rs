@@ -24,7 +24,11 @@
 //!   path writes a call's start and end itself, under the lock it shares
 //!   with the WAL writer, and sends the row to the shard queue. That saves
 //!   two cross-thread wake-ups per call; with fsync on, group commit saves
-//!   more, and every frame goes through the WAL writer.
+//!   more, and every frame goes through the WAL writer. The next window of
+//!   the segment being written is allocated ahead by a helper thread of
+//!   the WAL's (`wal/ahead.rs`, `rollcall-wal-ahead`; a queue of 4
+//!   requests, which drops a request when full: the writer then allocates
+//!   for itself).
 //! - **shard writer** (`shard::run`, thread `rollcall-shards`): assembles
 //!   rows, writes Parquet, rotates and publishes files, and reports every
 //!   published file on the published queue. It takes rows in bursts: after

@@ -26,6 +26,7 @@
 //! not do. With fsync on, every frame goes the thread's way, for the group
 //! commit.
 
+mod ahead;
 mod frame;
 mod header;
 mod log;
@@ -83,8 +84,14 @@ impl Writer {
         let dir = cfg.dir.join("wal");
         std::fs::create_dir_all(&dir)
             .map_err(|e| RecordError::Wal(format!("{}: {e}", dir.display())))?;
+        // Without its thread the writer allocates every window itself.
+        let ahead = ahead::Ahead::start()
+            .inspect_err(
+                |e| tracing::warn!(error = %e, "could not start the WAL's allocation thread"),
+            )
+            .ok();
         let file = open_segment(&dir, first_segment)
-            .and_then(|f| mapped::Mapped::new(f, cfg.wal_segment_bytes))
+            .and_then(|f| mapped::Mapped::new(f, cfg.wal_segment_bytes, ahead))
             .map_err(|e| RecordError::Wal(e.to_string()))?;
         let waiter = tokio::runtime::Builder::new_current_thread()
             .build()

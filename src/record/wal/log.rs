@@ -101,7 +101,11 @@ impl Log {
         segment_bytes: u64,
         stats: &RecorderStats,
     ) -> std::io::Result<()> {
-        let next = Mapped::new(open_segment(dir, self.segment + 1)?, segment_bytes)?;
+        let next = Mapped::new(
+            open_segment(dir, self.segment + 1)?,
+            segment_bytes,
+            self.file.ahead(),
+        )?;
         let last = std::mem::replace(&mut self.file, next);
         if let Err(e) = last.finish(self.bytes) {
             tracing::warn!(segment = self.segment, error = %e, "could not cut a full WAL segment to its length; replay reads its zeros as its end");

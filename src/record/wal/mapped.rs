@@ -13,14 +13,18 @@
 //! and its pages are in the page cache already: a copy dirties a cached
 //! page rather than faulting in an unallocated one (`fallocate`d blocks
 //! cost several µs per page at the first copy, about 4 % of the proxy's
-//! CPU under load).
+//! CPU under load). Once the writer is half way through a window, the
+//! next window's zeros are written by a thread of its own (`ahead`), so
+//! moving the window is a remap.
 //!
 //! Only one window is mapped at a time, so the mapping adds at most
 //! [`WINDOW`] to the resident set. A segment left by a crash ends in the
 //! zeros of its last window; replay reads them as the segment's end.
 
+use super::ahead::{Ahead, Extent};
 use memmap2::{MmapMut, MmapOptions};
 use std::fs::File;
+use std::sync::Arc;
 
 /// Bytes mapped (and allocated) at a time, at most: a segment smaller
 /// than this (`shards.wal_segment_bytes`) maps its own size.
@@ -34,27 +38,17 @@ pub(super) struct Mapped {
     /// File offset of the mapped window.
     at: u64,
     map: MmapMut,
-    /// Bytes allocated to the file (its length).
-    allocated: u64,
+    /// How far the file is allocated, shared with the `ahead` thread.
+    extent: Arc<Extent>,
     /// Bytes mapped at a time.
     window: u64,
-}
-
-fn allocate(file: &File, from: u64, len: u64) -> std::io::Result<()> {
-    // Zeros written, not `fallocate`d: the blocks are then allocated (a
-    // full disk fails this write, not a copy) and the pages already in
-    // the page cache, so a copy into the window dirties a cached page
-    // instead of faulting in and converting an unwritten extent, which
-    // measured several µs per page.
-    use std::os::unix::fs::FileExt;
-    static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
-    let mut at = from;
-    while at < from + len {
-        let n = (from + len - at).min(ZEROS.len() as u64) as usize;
-        file.write_all_at(&ZEROS[..n], at)?;
-        at += n as u64;
-    }
-    Ok(())
+    /// About how long the segment grows: nothing is allocated ahead past it.
+    segment_bytes: u64,
+    /// Allocates the next window; `None` where it could not start (the
+    /// writer then allocates every window itself).
+    ahead: Option<Ahead>,
+    /// The length last asked of `ahead`.
+    asked: u64,
 }
 
 fn map(file: &File, at: u64, len: u64) -> std::io::Result<MmapMut> {
@@ -67,21 +61,35 @@ fn map(file: &File, at: u64, len: u64) -> std::io::Result<MmapMut> {
 
 impl Mapped {
     /// Map a new, empty segment file of about `segment_bytes`.
-    pub(super) fn new(file: File, segment_bytes: u64) -> std::io::Result<Mapped> {
+    pub(super) fn new(
+        file: File,
+        segment_bytes: u64,
+        ahead: Option<Ahead>,
+    ) -> std::io::Result<Mapped> {
         let window = segment_bytes.clamp(ALIGN, WINDOW);
-        allocate(&file, 0, window)?;
+        let extent = Extent::new(file.try_clone()?, 0);
+        extent.grow_to(window)?;
         let map = map(&file, 0, window)?;
         Ok(Mapped {
             file,
             at: 0,
             map,
-            allocated: window,
+            extent,
             window,
+            segment_bytes,
+            ahead,
+            asked: window,
         })
     }
 
+    /// The thread that allocates ahead, for the next segment.
+    pub(super) fn ahead(&self) -> Option<Ahead> {
+        self.ahead.clone()
+    }
+
     /// Make `[from, from + len)` writable: move the window (allocating the
-    /// file further first) when it does not hold the range.
+    /// file further first, unless that is done already) when it does not
+    /// hold the range.
     fn reach(&mut self, from: u64, len: usize) -> std::io::Result<()> {
         let end = from + len as u64;
         if from >= self.at && end <= self.at + self.map.len() as u64 {
@@ -89,13 +97,27 @@ impl Mapped {
         }
         let at = from - from % ALIGN;
         let size = (end - at).max(self.window);
-        if at + size > self.allocated {
-            allocate(&self.file, self.allocated, at + size - self.allocated)?;
-            self.allocated = at + size;
+        if at + size > self.extent.allocated() {
+            self.extent.grow_to(at + size)?;
         }
         self.map = map(&self.file, at, size)?;
         self.at = at;
         Ok(())
+    }
+
+    /// Past the middle of the window, ask for the next one to be allocated.
+    fn look_ahead(&mut self, end: u64) {
+        let mapped_end = self.at + self.map.len() as u64;
+        if end < self.at + self.map.len() as u64 / 2 || mapped_end >= self.segment_bytes {
+            return;
+        }
+        let next = mapped_end + self.window;
+        if next > self.asked {
+            if let Some(ahead) = &self.ahead {
+                ahead.ask(&self.extent, next);
+            }
+            self.asked = next;
+        }
     }
 
     /// Copy `buf` to file offset `from`.
@@ -106,6 +128,7 @@ impl Mapped {
             return Err(std::io::Error::other("WAL window does not hold the frame"));
         };
         dst.copy_from_slice(buf);
+        self.look_ahead(from + buf.len() as u64);
         Ok(())
     }
 
@@ -132,7 +155,10 @@ impl Mapped {
 
     /// Unmap and cut the file to its `len` whole bytes.
     pub(super) fn finish(self, len: u64) -> std::io::Result<()> {
-        let Mapped { file, map, .. } = self;
+        let Mapped {
+            file, map, extent, ..
+        } = self;
+        extent.finish();
         drop(map);
         file.set_len(len)
     }
@@ -147,7 +173,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = super::super::open_segment(dir.path(), 0).unwrap();
         let path = super::super::segment_path(dir.path(), 0);
-        let mut m = Mapped::new(file, 64 << 20).unwrap();
+        let mut m = Mapped::new(file, 64 << 20, Some(Ahead::start().unwrap())).unwrap();
         let big = vec![7u8; (WINDOW + 10) as usize];
         m.write_at(0, b"abc").unwrap();
         m.write_at(3, &big).unwrap();
@@ -164,5 +190,26 @@ mod tests {
         let data = std::fs::read(&path).unwrap();
         assert_eq!(data.len() as u64, end);
         assert!(data[3..].iter().all(|&b| b == 7));
+    }
+
+    #[test]
+    fn windows_allocated_ahead_hold_every_frame() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = super::super::open_segment(dir.path(), 0).unwrap();
+        let path = super::super::segment_path(dir.path(), 0);
+        let mut m = Mapped::new(file, 4 << 20, Some(Ahead::start().unwrap())).unwrap();
+        let frame = |i: u64| vec![(i % 251) as u8 + 1; 1000];
+        for i in 0..3000u64 {
+            m.write_at(i * 1000, &frame(i)).unwrap();
+        }
+        let end = 3000 * 1000;
+        let data = std::fs::read(&path).unwrap();
+        for i in 0..3000u64 {
+            let at = (i * 1000) as usize;
+            assert_eq!(data[at..at + 1000], frame(i)[..], "frame {i}");
+        }
+        assert!(data[end as usize..].iter().all(|&b| b == 0));
+        m.finish(end).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), end);
     }
 }
