@@ -1,0 +1,186 @@
+//! Tests of the whole-answer and failure reading in `dialect`.
+
+use super::StreamFailureKind::{Error, Failed, Incomplete};
+use super::*;
+
+/// A whole Chat Completions body read by its parts reads as it does
+/// through a tree of the whole body, and bodies the parts cannot stand
+/// for (errors, token capture, odd shapes) go the tree's way.
+#[test]
+fn whole_chat_answers_read_the_same_by_parts_and_by_tree() {
+    let bodies: &[&str] = &[
+        r#"{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"h\u00e9 \/ 1.0e0","zeta":1,"alpha":[1.50,2]},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5,"prompt_tokens_details":{"cached_tokens":1}}}"#,
+        r#"{"choices":[{"message":{"role":"assistant","content":null,"tool_calls":[{"id":"t","type":"function","function":{"name":"bash","arguments":"{}"}}]},"finish_reason":"tool_calls","token_ids":[1,2],"logprobs":{"content":[{"logprob":-0.5},{"logprob":"x"}]}},{"message":{"content":"second"}}],"usage":null}"#,
+        r#"{"choices":[]}"#,
+        r#"{"choices":[7]}"#,
+        r#"{"choices":null}"#,
+        r#"{"choices":{"0":{}}}"#,
+        r#"{"choices":[{"message":{"content":"a"}}],"choices":[]}"#,
+        r#"{"model":"m"}"#,
+        r#"{"error":{"message":"boom"},"choices":[]}"#,
+        r#"{"error":null,"choices":[{"message":{"content":"a"}}]}"#,
+        r#"{"choices":[{"index":0,"message":{"content":"a"}}],"prompt_token_ids":[5,6],"prompt_logprobs":[null,{"6":{"logprob":-1.0}}]}"#,
+        r#"{"choices":[{"index":0,"message":{"content":"a"}}],"sglext":{"input_ids":[1],"output_ids":[[2]]}}"#,
+        r#"[1,2]"#,
+        r#"{"choices":[{"message":{"content":"a"}}]} trailing"#,
+        r#""#,
+        // Read by parts: spacing, a null message, odd usage shapes.
+        r#" { "choices" : [ { "message" : null , "finish_reason" : 7 } ] , "usage" : [ 1 ] } "#,
+        r#"{"choices":[{"message":"text","finish_reason":"stop","logprobs":null,"token_ids":null}],"usage":{"prompt_tokens":2.5,"completion_tokens":"3","total_tokens":-4,"prompt_tokens_details":[1],"completion_tokens_details":{"reasoning_tokens":9}}}"#,
+        r#"{"choices":[{"finish_reason":null}],"usage":{"prompt_tokens_details":null,"completion_tokens_details":"x"}}"#,
+        r#"{"choices":[{"message":{"content":"a","content":"b"}}],"usage":{"total_tokens":{"n":1}}}"#,
+        r#"{"choices":[],"usage":"x"}"#,
+        r#"{"choices":[],"usage":true}"#,
+        r#"{"choices":[],"usage":{"prompt_tokens":1,"prompt_tokens_details":5,"completion_tokens_details":[{"reasoning_tokens":1}]}}"#,
+        // Left to the tree: duplicate keys the typed parts refuse.
+        r#"{"choices":[{"message":{"content":"a"},"message":{"content":"b"}}]}"#,
+        r#"{"choices":[{"message":{"content":"a"}}],"usage":{"total_tokens":1,"total_tokens":2}}"#,
+        r#"{"choices":[{}],"usage":{"prompt_tokens_details":{"cached_tokens":1,"cached_tokens":2}}}"#,
+    ];
+    for body in bodies {
+        let parts = WireApi::ChatCompletions.assemble(body.as_bytes(), false);
+        let tree = WireApi::ChatCompletions.assemble_tree(body.as_bytes(), false);
+        assert_eq!(parts.message, tree.message, "{body}");
+        assert_eq!(parts.tool_calls, tree.tool_calls, "{body}");
+        assert_eq!(parts.finish_reason, tree.finish_reason, "{body}");
+        assert_eq!(parts.usage, tree.usage, "{body}");
+        // Debug text: a logprob that is not a number reads as NaN.
+        let tokens = |a: &Assembled| format!("{:?}", a.tokens);
+        assert_eq!(tokens(&parts), tokens(&tree), "{body}");
+        assert_eq!(parts.failure, tree.failure, "{body}");
+        assert_eq!(parts.error, tree.error, "{body}");
+        assert_eq!(parts.answer, tree.answer, "{body}");
+    }
+    let by_parts = |b: &str| chat::assemble_whole(b.as_bytes()).is_some();
+    assert!(by_parts(bodies[0]) && by_parts(bodies[1]) && by_parts(bodies[2]));
+    assert!(!by_parts(bodies[4]) && !by_parts(bodies[6]) && !by_parts(bodies[8]));
+    assert!(!by_parts(bodies[10]) && !by_parts(bodies[11]));
+    assert!(bodies[15..22].iter().all(|b| by_parts(b)));
+    assert!(!bodies[22..].iter().any(|b| by_parts(b)));
+}
+
+fn failure(api: WireApi, body: &str, stream: bool) -> Option<(StreamFailureKind, String)> {
+    api.assemble(body.as_bytes(), stream)
+        .failure
+        .map(|f| (f.kind, f.message))
+}
+
+fn err(kind: StreamFailureKind, m: &str) -> Option<(StreamFailureKind, String)> {
+    Some((kind, m.to_owned()))
+}
+
+#[test]
+fn chat_and_completions_error_chunks_and_bodies() {
+    let s = concat!(
+        "data: {\"id\":\"c\",\"error\":null,\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n",
+        "data: {\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}\n\n",
+    );
+    for api in [WireApi::ChatCompletions, WireApi::Completions] {
+        assert_eq!(failure(api, s, true), err(Error, "out of memory"));
+        let a = api.assemble(s.as_bytes(), true);
+        // The error text stays what it was; an `"error": null` chunk is
+        // an ordinary chunk.
+        assert_eq!(
+            a.error.as_deref(),
+            Some("{\"message\":\"out of memory\",\"type\":\"server_error\"}")
+        );
+        assert!(a.response.is_some());
+        let body = "{\"error\":{\"message\":\"bad\",\"code\":500}}";
+        assert_eq!(failure(api, body, false), err(Error, "bad"));
+        assert_eq!(
+            failure(api, "{\"error\":\"plain\"}", false),
+            err(Error, "plain")
+        );
+        assert_eq!(
+            failure(api, "{\"id\":\"c\",\"error\":null,\"choices\":[]}", false),
+            None
+        );
+    }
+    let ok =
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n";
+    assert_eq!(failure(WireApi::ChatCompletions, ok, true), None);
+}
+
+#[test]
+fn responses_failed_incomplete_and_error_events() {
+    let failed = concat!(
+        "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"r\",\"status\":\"in_progress\",\"output\":[]}}\n\n",
+        "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"id\":\"r\",\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"boom\"},\"output\":[]}}\n\n",
+    );
+    assert_eq!(
+        failure(WireApi::Responses, failed, true),
+        err(Failed, "boom")
+    );
+    assert_eq!(
+        WireApi::Responses
+            .assemble(failed.as_bytes(), true)
+            .finish_reason
+            .as_deref(),
+        Some("error")
+    );
+    let incomplete = "event: response.incomplete\ndata: {\"type\":\"response.incomplete\",\"response\":{\"status\":\"incomplete\",\"incomplete_details\":{\"reason\":\"max_output_tokens\"},\"output\":[]}}\n\n";
+    let a = WireApi::Responses.assemble(incomplete.as_bytes(), true);
+    assert_eq!(a.finish_reason.as_deref(), Some("length"));
+    assert_eq!(
+        a.failure.map(|f| (f.kind, f.message)),
+        err(Incomplete, "incomplete: max_output_tokens")
+    );
+    let no_object = "data: {\"type\":\"response.failed\",\"response\":null}\n\n";
+    assert_eq!(
+        failure(WireApi::Responses, no_object, true),
+        err(Failed, "the upstream sent response.failed")
+    );
+    let error = "event: error\ndata: {\"type\":\"error\",\"code\":\"rate_limit_exceeded\",\"message\":\"slow down\",\"param\":null}\n\n";
+    assert_eq!(
+        failure(WireApi::Responses, error, true),
+        err(Error, "slow down")
+    );
+    assert!(WireApi::Responses
+        .assemble(error.as_bytes(), true)
+        .error
+        .is_some());
+    // A stream cut short is rebuilt as incomplete, but that is not the
+    // upstream's report.
+    let cut =
+        "data: {\"type\":\"response.output_text.delta\",\"output_index\":0,\"delta\":\"x\"}\n\n";
+    assert_eq!(failure(WireApi::Responses, cut, true), None);
+    // Whole bodies.
+    let body = "{\"object\":\"response\",\"status\":\"failed\",\"error\":{\"message\":\"no\"},\"output\":[]}";
+    assert_eq!(failure(WireApi::Responses, body, false), err(Failed, "no"));
+    let body = "{\"object\":\"response\",\"status\":\"incomplete\",\"incomplete_details\":{\"reason\":\"content_filter\"}}";
+    assert_eq!(
+        failure(WireApi::Responses, body, false),
+        err(Incomplete, "incomplete: content_filter")
+    );
+    let ok = "{\"object\":\"response\",\"status\":\"completed\",\"error\":null,\"output\":[]}";
+    assert_eq!(failure(WireApi::Responses, ok, false), None);
+    let err_body = "{\"error\":{\"message\":\"bad key\",\"type\":\"invalid_request_error\"}}";
+    assert_eq!(
+        failure(WireApi::Responses, err_body, false),
+        err(Error, "bad key")
+    );
+}
+
+#[test]
+fn messages_error_events_and_bodies() {
+    let s = concat!(
+        "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"content\":[],\"usage\":{}}}\n\n",
+        "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n",
+    );
+    assert_eq!(
+        failure(WireApi::Messages, s, true),
+        err(Error, "Overloaded")
+    );
+    let a = WireApi::Messages.assemble(s.as_bytes(), true);
+    assert_eq!(
+        a.error.as_deref(),
+        Some("{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}")
+    );
+    let body = "{\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"Internal\"}}";
+    assert_eq!(
+        failure(WireApi::Messages, body, false),
+        err(Error, "Internal")
+    );
+    let ok = "{\"type\":\"message\",\"content\":[],\"stop_reason\":\"end_turn\"}";
+    assert_eq!(failure(WireApi::Messages, ok, false), None);
+}
