@@ -1,32 +1,39 @@
 //! The shard writer's CPU priority, chosen by how far behind it is.
 //!
-//! The writer runs in the batch scheduling class (`SCHED_BATCH`: its
-//! wake-ups never preempt a serving thread). While it keeps up it also runs
-//! at the lowest priority, nice 19: a serving thread that wakes on its core
-//! is owed the core at once, instead of waiting while the writer finishes
-//! its slice. At nice 0 a call that woke behind a Parquet page being
-//! encoded waited for milliseconds: at one connection on the 2-core bench
-//! machine, wrk's p99 went from about 0.5 to 1.2 ms (see the README's bench
-//! section).
+//! While it keeps up, the writer runs in the idle scheduling class
+//! (`SCHED_IDLE`): a serving thread, the upstream or the harness that wakes
+//! on its core takes the core at once. In the batch class at nice 19 (the
+//! previous choice) a wake-up that the scheduler did not find eligible
+//! still waited for the rest of the writer's slice, and at one connection
+//! on the 2-core bench VM wrk's p99 through rollcall was 0.78-1.06 ms,
+//! against 0.50-0.67 ms in the idle class (six runs each, interleaved; the
+//! upstream alone gave 0.2-0.3 ms). At nice 0 it was worse still (see the
+//! README's bench section).
 //!
-//! When rows back up (a quarter of the shard queue) the writer moves back
-//! to nice 0 and stays there until it has emptied the queue. Even at nice
-//! 19 it keeps a small share of a busy machine (the idle class, tried
-//! first, starved it for 37 s while twenty harnesses kept both cores busy).
-//! No row waits on the priority: the queue's backpressure is unchanged.
+//! The idle class alone starved the writer for 37 s while twenty harnesses
+//! kept both cores busy, so it does not stay there when it falls behind:
+//! with a quarter of the shard queue backed up, or with rows waiting and
+//! no wait on an empty queue for [`STARVED`] (the writer runs now and then
+//! even in the idle class, and checks then), it moves to the batch class
+//! at nice 0, and stays there until it has emptied the queue. No row waits
+//! on the priority: the queue's backpressure is unchanged, and a full
+//! queue stops the serving threads, which leaves the cores to the writer.
 //!
-//! Returning to nice 0 takes `CAP_SYS_NICE` or an `RLIMIT_NICE` that
-//! allows it (a Docker container has neither by default). So the writer
-//! first tries the round trip on a throwaway thread, and where it fails it
-//! stays at nice 0 for good rather than be stuck low.
+//! Returning from the idle class takes `CAP_SYS_NICE` or an `RLIMIT_NICE`
+//! that allows nice 0 (a Docker container has neither by default). So the
+//! writer first tries the round trip on a throwaway thread, and where it
+//! fails it stays in the batch class at nice 0 for good rather than be
+//! stuck low.
 
-/// The two priorities the shard writer moves between, both in the batch
-/// class.
+use std::time::{Duration, Instant};
+
+/// The two priorities the shard writer moves between.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Class {
-    /// Nice 19: a small share while the cores are busy.
+    /// The idle class: the cores when nothing else wants them.
     Low,
-    /// Nice 0: a fair share.
+    /// The batch class at nice 0: a fair share, and its wake-ups preempt
+    /// nobody.
     Fair,
 }
 
@@ -34,12 +41,18 @@ pub(crate) enum Class {
 /// writer moves to a fair share: a quarter.
 const BEHIND_DIVISOR: usize = 4;
 
+/// How long a low writer may go with rows waiting, without once finding
+/// the queue empty, before it moves to a fair share.
+pub(crate) const STARVED: Duration = Duration::from_millis(200);
+
 /// The class a writer now in `current` should run in, with `backlog` rows
-/// queued out of `capacity`. It goes back to low only with the queue empty,
-/// so that it does not flap around the threshold.
-pub(crate) fn next(current: Class, backlog: usize, capacity: usize) -> Class {
+/// queued out of `capacity`, and `behind` since it last found the queue
+/// empty. It goes back to low only with the queue empty, so that it does
+/// not flap around the threshold.
+pub(crate) fn next(current: Class, backlog: usize, capacity: usize, behind: Duration) -> Class {
     match current {
         Class::Low if backlog >= (capacity / BEHIND_DIVISOR).max(1) => Class::Fair,
+        Class::Low if backlog > 0 && behind >= STARVED => Class::Fair,
         Class::Fair if backlog == 0 => Class::Low,
         c => c,
     }
@@ -48,8 +61,10 @@ pub(crate) fn next(current: Class, backlog: usize, capacity: usize) -> Class {
 /// The calling thread's priority, changed only when it must be.
 pub(crate) struct Priority {
     current: Option<Class>,
-    /// Whether a thread may return from nice 19 to nice 0.
+    /// Whether a thread may return from the idle class to nice 0.
     can_lower: bool,
+    /// When the writer last found the queue empty.
+    caught_up: Instant,
 }
 
 impl Priority {
@@ -64,13 +79,24 @@ impl Priority {
         Self {
             current: None,
             can_lower,
+            caught_up: Instant::now(),
         }
     }
 
     /// Move the calling thread to the class its backlog calls for.
     pub(crate) fn follow(&mut self, backlog: usize, capacity: usize) {
+        let now = Instant::now();
+        if backlog == 0 {
+            self.caught_up = now;
+        }
         let want = if self.can_lower {
-            next(self.current.unwrap_or(Class::Low), backlog, capacity)
+            let behind = now.saturating_duration_since(self.caught_up);
+            next(
+                self.current.unwrap_or(Class::Low),
+                backlog,
+                capacity,
+                behind,
+            )
         } else {
             Class::Fair
         };
@@ -79,21 +105,26 @@ impl Priority {
             self.current = Some(want);
         }
     }
+
+    /// The writer waited on an empty queue until now.
+    pub(crate) fn waited(&mut self) {
+        self.caught_up = Instant::now();
+    }
 }
 
-/// Put the calling thread in the batch class at `class`'s nice value;
-/// false when the kernel refused.
+/// Put the calling thread in `class`; false when the kernel refused.
 fn set(class: Class) -> bool {
-    let nice = match class {
-        Class::Low => 19,
-        Class::Fair => 0,
-    };
     let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: both calls change only this thread (Linux keeps a nice value
-    // per thread, named by its id); `param` outlives the call.
+    // SAFETY: both calls change only this thread (Linux keeps a policy and
+    // a nice value per thread, named by its id); `param` outlives the call.
     let ok = unsafe {
-        libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) == 0
-            && libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) == 0
+        match class {
+            Class::Low => libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) == 0,
+            Class::Fair => {
+                libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) == 0
+                    && libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 0) == 0
+            }
+        }
     };
     if !ok {
         tracing::debug!(error = %std::io::Error::last_os_error(), ?class, "the shard writer keeps its priority");
@@ -106,15 +137,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn moves_to_fair_at_a_quarter_and_back_to_low_when_empty() {
-        assert_eq!(next(Class::Low, 0, 1024), Class::Low);
-        assert_eq!(next(Class::Low, 255, 1024), Class::Low);
-        assert_eq!(next(Class::Low, 256, 1024), Class::Fair);
+    fn moves_to_fair_at_a_quarter_or_when_starved_and_back_to_low_when_empty() {
+        let now = Duration::ZERO;
+        assert_eq!(next(Class::Low, 0, 1024, now), Class::Low);
+        assert_eq!(next(Class::Low, 255, 1024, now), Class::Low);
+        assert_eq!(next(Class::Low, 256, 1024, now), Class::Fair);
+        // Rows waiting while the writer has not found the queue empty.
+        assert_eq!(next(Class::Low, 1, 1024, STARVED / 2), Class::Low);
+        assert_eq!(next(Class::Low, 1, 1024, STARVED), Class::Fair);
+        assert_eq!(next(Class::Low, 0, 1024, STARVED * 10), Class::Low);
         // Hysteresis: a writer that fell behind stays fair until empty.
-        assert_eq!(next(Class::Fair, 10, 1024), Class::Fair);
-        assert_eq!(next(Class::Fair, 0, 1024), Class::Low);
+        assert_eq!(next(Class::Fair, 10, 1024, now), Class::Fair);
+        assert_eq!(next(Class::Fair, 0, 1024, now), Class::Low);
         // A tiny queue still has a threshold of one row.
-        assert_eq!(next(Class::Low, 1, 2), Class::Fair);
+        assert_eq!(next(Class::Low, 1, 2, now), Class::Fair);
     }
 
     /// The thread's policy and nice value really change, and back; where
@@ -127,16 +163,19 @@ mod tests {
                 || unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) };
             let mut p = Priority::new();
             p.follow(0, 1024);
-            assert_eq!(policy(), libc::SCHED_BATCH);
             if !p.can_lower {
-                assert_eq!(nice(), 0);
+                assert_eq!((policy(), nice()), (libc::SCHED_BATCH, 0));
                 return;
             }
-            assert_eq!(nice(), 19);
+            assert_eq!(policy(), libc::SCHED_IDLE);
             p.follow(512, 1024);
             assert_eq!((policy(), nice()), (libc::SCHED_BATCH, 0));
             p.follow(0, 1024);
-            assert_eq!(nice(), 19);
+            assert_eq!(policy(), libc::SCHED_IDLE);
+            // Behind for too long with a short backlog.
+            p.caught_up = Instant::now() - STARVED;
+            p.follow(3, 1024);
+            assert_eq!((policy(), nice()), (libc::SCHED_BATCH, 0));
         })
         .join()
         .unwrap();

@@ -109,7 +109,8 @@ pub(crate) fn run(
     let mut priority = Priority::new();
     let capacity = q.rows.max_capacity();
     loop {
-        priority.follow(q.rows.len(), capacity);
+        let backlog = q.rows.len();
+        priority.follow(backlog, capacity);
         let deadline = [set.calls.deadline(), set.rollouts.deadline()]
             .into_iter()
             .flatten()
@@ -125,6 +126,9 @@ pub(crate) fn run(
                 Err(_) => Next::Idle,
             }
         });
+        if backlog == 0 {
+            priority.waited();
+        }
         stats
             .shard_busy_since
             .store(crate::now_micros(), Ordering::Relaxed);
