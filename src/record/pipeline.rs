@@ -33,9 +33,10 @@
 //!   rows, writes Parquet, rotates and publishes files, and reports every
 //!   published file on the published queue. It takes rows in bursts: after
 //!   a burst it lingers (`shard::LINGER`) before it looks again, so under
-//!   load a sender rarely has to wake it. It runs in the batch scheduling
-//!   class, at nice 19 while it keeps up and nice 0 once rows back up, so
-//!   its bursts do not hold up a serving thread (`shard/priority.rs`).
+//!   load a sender rarely has to wake it. It runs in the idle scheduling
+//!   class while it keeps up and in the batch class at nice 0 once rows
+//!   back up (or wait 200 ms), so its bursts do not hold up a serving
+//!   thread (`shard/priority.rs`).
 //!
 //! Nothing is dropped anywhere: both bounded queues block, so a slow disk or
 //! a slow shard writer slows the responses instead of growing memory.

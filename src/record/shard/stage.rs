@@ -23,8 +23,8 @@ pub const LINGER: Duration = Duration::from_millis(1);
 /// between bursts under any load.
 const MAX_BURST: usize = 4096;
 
-/// Rows between two looks at the backlog within a burst, to return to nice 0
-/// as soon as rows back up (`priority`).
+/// Rows between two looks at the backlog within a burst, to move to a fair
+/// share as soon as rows back up (`priority`).
 const BACKLOG_EVERY: usize = 64;
 
 /// The shard writer's ends of its queues, made by `pipeline`.
