@@ -42,7 +42,8 @@ pub(crate) enum Class {
 const BEHIND_DIVISOR: usize = 4;
 
 /// How long a low writer may go with rows waiting, without once finding
-/// the queue empty, before it moves to a fair share.
+/// the queue empty (taking every row, or waiting for one), before it
+/// moves to a fair share.
 pub(crate) const STARVED: Duration = Duration::from_millis(200);
 
 /// The class a writer now in `current` should run in, with `backlog` rows
@@ -106,9 +107,10 @@ impl Priority {
         }
     }
 
-    /// The writer waited on an empty queue until now.
-    pub(crate) fn waited(&mut self) {
-        self.caught_up = Instant::now();
+    /// The writer found the queue empty: it took every row, or waited
+    /// for one until now.
+    pub(crate) fn emptied(&mut self) {
+        self.follow(0, 1);
     }
 }
 
@@ -171,6 +173,9 @@ mod tests {
             p.follow(512, 1024);
             assert_eq!((policy(), nice()), (libc::SCHED_BATCH, 0));
             p.follow(0, 1024);
+            assert_eq!(policy(), libc::SCHED_IDLE);
+            p.follow(512, 1024);
+            p.emptied();
             assert_eq!(policy(), libc::SCHED_IDLE);
             // Behind for too long with a short backlog.
             p.caught_up = Instant::now() - STARVED;

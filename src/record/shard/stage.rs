@@ -127,7 +127,7 @@ pub(crate) fn run(
             }
         });
         if backlog == 0 {
-            priority.waited();
+            priority.emptied();
         }
         stats
             .shard_busy_since
@@ -153,7 +153,10 @@ pub(crate) fn run(
             }
             next = match q.rows.try_recv() {
                 Ok(item) => Next::Item(item),
-                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    priority.emptied();
+                    break;
+                }
                 Err(mpsc::error::TryRecvError::Disconnected) => Next::Stop,
             };
         }
