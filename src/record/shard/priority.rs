@@ -5,10 +5,10 @@
 //! on its core takes the core at once. In the batch class at nice 19 (the
 //! previous choice) a wake-up that the scheduler did not find eligible
 //! still waited for the rest of the writer's slice, and at one connection
-//! on the 2-core bench VM wrk's p99 through rollcall was 0.78-1.06 ms,
-//! against 0.50-0.67 ms in the idle class (six runs each, interleaved; the
-//! upstream alone gave 0.2-0.3 ms). At nice 0 it was worse still (see the
-//! README's bench section).
+//! on the 2-core bench VM wrk's p99 through rollcall was 0.77-1.16 ms,
+//! against 0.42-0.73 ms in the idle class (interleaved runs; the upstream
+//! alone gave 0.2-0.5 ms in its calm rounds). At nice 0 it was worse still
+//! (see the README's bench section).
 //!
 //! The idle class alone starved the writer for 37 s while twenty harnesses
 //! kept both cores busy, so it does not stay there when it falls behind:
