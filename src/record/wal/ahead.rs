@@ -126,14 +126,7 @@ mod tests {
     #[test]
     fn the_thread_zeroes_ahead_and_a_finished_extent_stays_put() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("seg");
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
+        let file = super::super::open_segment(dir.path(), 0).unwrap();
         let extent = Extent::new(file.try_clone().unwrap(), 0);
         let ahead = Ahead::start().unwrap();
         ahead.ask(&extent, 100 << 10);
