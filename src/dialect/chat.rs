@@ -29,13 +29,14 @@ struct WholeParts<'a> {
     sglext: Option<&'a RawValue>,
 }
 
-/// The first choice's parts. Only the message becomes a tree; a choice
-/// with token capture fields is read whole, as the tree path reads it.
+/// The first choice's parts. The message becomes a tree only when its text
+/// is not already the row's (`canonical`); a choice with token capture
+/// fields is read whole, as the tree path reads it.
 #[derive(Deserialize)]
 struct ChoiceParts<'a> {
-    /// `Some(Null)` for `"message": null`, which the tree path keeps too.
-    #[serde(default, deserialize_with = "present")]
-    message: Option<Value>,
+    /// `Some("null")` for `"message": null`, which the tree path keeps too.
+    #[serde(borrow, default, deserialize_with = "present")]
+    message: Option<&'a RawValue>,
     finish_reason: Option<Value>,
     #[serde(borrow)]
     logprobs: Option<&'a RawValue>,
@@ -48,8 +49,8 @@ struct ChoiceParts<'a> {
 }
 
 /// A field that is there, even as `null`.
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
-    Value::deserialize(d).map(Some)
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
 }
 
 /// `usage` and its details as [`usage`] reads them, typed and in the same
@@ -189,10 +190,17 @@ pub fn assemble_whole(body: &[u8]) -> Option<Assembled> {
         .as_ref()
         .and_then(Value::as_str)
         .map(str::to_owned);
-    if let Some(msg) = choice.message {
-        out.tool_calls = msg.get("tool_calls").filter(|t| !t.is_null()).cloned();
-        out.message = Some(msg);
+    let Some(raw) = choice.message.map(RawValue::get) else {
+        return Some(out);
+    };
+    if let Some(c) = super::canonical::canonical(raw) {
+        out.tool_calls_text = c.tool_calls.and_then(|s| raw.get(s)).map(str::to_owned);
+        out.message_text = Some(raw.to_owned());
+        return Some(out);
     }
+    let msg: Value = serde_json::from_str(raw).ok()?;
+    out.tool_calls = msg.get("tool_calls").filter(|t| !t.is_null()).cloned();
+    out.message = Some(msg);
     Some(out)
 }
 

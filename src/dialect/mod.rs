@@ -2,6 +2,7 @@
 //! assembled back into one response, how requests are normalized to chat
 //! messages, and how errors are written in each API's own format.
 
+mod canonical;
 pub mod capture;
 pub mod chat;
 pub mod completions;
@@ -388,6 +389,11 @@ pub struct Assembled {
     /// The assistant's answer as a chat message (content, reasoning_content, tool_calls).
     pub message: Option<Value>,
     pub tool_calls: Option<Value>,
+    /// Instead of `message` and `tool_calls`, their compact JSON text, where
+    /// a whole Chat Completions body already holds exactly that text
+    /// (`canonical`): kept, not built into a tree and written out again.
+    pub message_text: Option<String>,
+    pub tool_calls_text: Option<String>,
     pub finish_reason: Option<String>,
     pub usage: Usage,
     pub tokens: Tokens,
@@ -397,6 +403,35 @@ pub struct Assembled {
     /// whole body): error events as in `error`, and Responses `failed` /
     /// `incomplete`.
     pub failure: Option<StreamFailure>,
+}
+
+impl Assembled {
+    /// There is a message (`null` included).
+    pub fn has_message(&self) -> bool {
+        self.message.is_some() || self.message_text.is_some()
+    }
+
+    /// The message as compact JSON text, `None` for none or `null`; its
+    /// text is taken, not copied.
+    pub fn take_message_json(&mut self) -> Option<String> {
+        self.message_text
+            .take()
+            .or_else(|| self.message.as_ref().and_then(json_text))
+    }
+
+    /// The tool calls as compact JSON text, `None` for none or `null`; their
+    /// text is taken, not copied.
+    pub fn take_tool_calls_json(&mut self) -> Option<String> {
+        self.tool_calls_text
+            .take()
+            .or_else(|| self.tool_calls.as_ref().and_then(json_text))
+    }
+}
+
+/// `v` as compact JSON (written into a byte buffer, not grown through the
+/// formatter a piece at a time), `None` for `null`.
+pub fn json_text(v: &Value) -> Option<String> {
+    (!v.is_null()).then(|| serde_json::to_string(v).unwrap_or_default())
 }
 
 /// The value at a path such as `["choices", "0", "message"]`: a key of an

@@ -32,6 +32,9 @@ fn whole_chat_answers_read_the_same_by_parts_and_by_tree() {
         r#"{"choices":[],"usage":"x"}"#,
         r#"{"choices":[],"usage":true}"#,
         r#"{"choices":[],"usage":{"prompt_tokens":1,"prompt_tokens_details":5,"completion_tokens_details":[{"reasoning_tokens":1}]}}"#,
+        // Messages whose text already is the row's, kept as their bytes.
+        r#"{"choices":[{"message":{"role":"assistant","content":"a\nb \"q\" \u0001 é","tool_calls":[{"id":"t","type":"function","function":{"name":"bash","arguments":"{\"c\":1}"}}]},"finish_reason":"tool_calls"}]}"#,
+        r#"{"choices":[{"message":{"role":"assistant","content":"a","tool_calls":null,"n":-3}}]}"#,
         // Left to the tree: duplicate keys the typed parts refuse.
         r#"{"choices":[{"message":{"content":"a"},"message":{"content":"b"}}]}"#,
         r#"{"choices":[{"message":{"content":"a"}}],"usage":{"total_tokens":1,"total_tokens":2}}"#,
@@ -40,8 +43,18 @@ fn whole_chat_answers_read_the_same_by_parts_and_by_tree() {
     for body in bodies {
         let parts = WireApi::ChatCompletions.assemble(body.as_bytes(), false);
         let tree = WireApi::ChatCompletions.assemble_tree(body.as_bytes(), false);
-        assert_eq!(parts.message, tree.message, "{body}");
-        assert_eq!(parts.tool_calls, tree.tool_calls, "{body}");
+        let (mut parts, mut tree) = (parts, tree);
+        assert_eq!(parts.has_message(), tree.has_message(), "{body}");
+        assert_eq!(
+            parts.take_message_json(),
+            tree.take_message_json(),
+            "{body}"
+        );
+        assert_eq!(
+            parts.take_tool_calls_json(),
+            tree.take_tool_calls_json(),
+            "{body}"
+        );
         assert_eq!(parts.finish_reason, tree.finish_reason, "{body}");
         assert_eq!(parts.usage, tree.usage, "{body}");
         // Debug text: a logprob that is not a number reads as NaN.
@@ -55,8 +68,12 @@ fn whole_chat_answers_read_the_same_by_parts_and_by_tree() {
     assert!(by_parts(bodies[0]) && by_parts(bodies[1]) && by_parts(bodies[2]));
     assert!(!by_parts(bodies[4]) && !by_parts(bodies[6]) && !by_parts(bodies[8]));
     assert!(!by_parts(bodies[10]) && !by_parts(bodies[11]));
-    assert!(bodies[15..22].iter().all(|b| by_parts(b)));
-    assert!(!bodies[22..].iter().any(|b| by_parts(b)));
+    assert!(bodies[15..24].iter().all(|b| by_parts(b)));
+    assert!(!bodies[24..].iter().any(|b| by_parts(b)));
+    let kept =
+        |b: &str| chat::assemble_whole(b.as_bytes()).is_some_and(|a| a.message_text.is_some());
+    assert!(kept(bodies[1]) && kept(bodies[22]) && kept(bodies[23]));
+    assert!(!kept(bodies[0]) && !kept(bodies[16]) && !kept(bodies[18]));
 }
 
 fn failure(api: WireApi, body: &str, stream: bool) -> Option<(StreamFailureKind, String)> {

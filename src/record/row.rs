@@ -2,7 +2,7 @@
 //! rollout. `docs/shards.md` documents every column.
 
 use super::{CallStatus, CompletedCall, FailureClass, RolloutFinish};
-use crate::dialect::{Assembled, StreamFailureKind, WireApi};
+use crate::dialect::{json_text, Assembled, StreamFailureKind, WireApi};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -77,10 +77,6 @@ fn text(b: &[u8]) -> String {
     }
 }
 
-fn json_text(v: &Value) -> Option<String> {
-    (!v.is_null()).then(|| compact(v))
-}
-
 /// `v` as compact JSON, the text `Value`'s `Display` gives, written into a
 /// byte buffer instead of through the formatter, which grew a `String` from
 /// empty a piece at a time (about 3k instructions per row under callgrind).
@@ -147,7 +143,7 @@ fn upstream_verdict(c: &CompletedCall, a: &Assembled) -> Option<(FailureClass, S
         };
         return Some((class, format!("{what}: {}", f.message)));
     }
-    if !a.answer || a.message.is_none() {
+    if !a.answer || !a.has_message() {
         return Some((
             FailureClass::UpstreamInvalid,
             "the upstream's answer could not be read as its API's response; its bytes are kept in response_raw".into(),
@@ -248,7 +244,7 @@ impl CallRow {
         let o = &c.outcome;
         let api = Some(m.wire_api);
         let (messages, tools) = normalized_columns(api, &c.begin.request);
-        let assembled = match api {
+        let mut assembled = match api {
             Some(api) if !c.response.is_empty() && o.http_status.is_some_and(|s| s < 400) => {
                 api.assemble(&c.response, m.stream)
             }
@@ -291,8 +287,8 @@ impl CallRow {
             },
             messages,
             tools,
-            response_message: assembled.message.as_ref().and_then(json_text),
-            tool_calls: assembled.tool_calls.as_ref().and_then(json_text),
+            response_message: assembled.take_message_json(),
+            tool_calls: assembled.take_tool_calls_json(),
             finish_reason: assembled.finish_reason.clone(),
             prompt_tokens: assembled.usage.prompt,
             completion_tokens: assembled.usage.completion,

@@ -615,7 +615,12 @@ fn translate_stream(api: WireApi, upstream: &[u8], cuts: &[usize]) -> Vec<u8> {
 
 /// The fields a harness relies on, from an assembled answer.
 fn essentials(a: &crate::dialect::Assembled) -> (Value, Option<String>, Option<i64>, Option<i64>) {
-    let mut msg = a.message.clone().unwrap_or_default();
+    // A whole answer's message may be kept as its text.
+    let kept = a
+        .message_text
+        .as_deref()
+        .and_then(|t| serde_json::from_str(t).ok());
+    let mut msg = a.message.clone().or(kept).unwrap_or_default();
     if msg["content"] == "" {
         msg["content"] = Value::Null;
     }
