@@ -48,6 +48,7 @@ fn call(i: usize) -> CompletedCall {
             },
             request: Bytes::from(request.to_string()),
             upstream_request: None,
+            spans: None,
         }),
         outcome: CallOutcome {
             call_id: String::new(),

@@ -115,6 +115,35 @@ pub struct CallBegin {
     pub request: Bytes,
     /// The body sent upstream, when it differs from `request`.
     pub upstream_request: Option<Bytes>,
+    /// Where `request`'s `messages` and `tools` are, when the proxy found
+    /// them reading its head. Not in the WAL: a replayed call is read again.
+    pub spans: Option<RequestSpans>,
+}
+
+/// The byte ranges of a request's top-level `messages` and `tools` values
+/// (each `None` when absent or `null`), as the proxy found them: the row's
+/// `messages` and `tools` columns are these bytes, so the shard thread
+/// need not read an agent's whole history again to find them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RequestSpans {
+    pub messages: Option<std::ops::Range<usize>>,
+    pub tools: Option<std::ops::Range<usize>>,
+}
+
+impl RequestSpans {
+    /// The `messages` text (`[]` when absent) and the `tools` text of
+    /// `request`; `None` when a span is not text of it.
+    pub fn texts(&self, request: &[u8]) -> Option<(String, Option<String>)> {
+        let text = |r: &Option<std::ops::Range<usize>>| match r {
+            None => Some(None),
+            Some(r) => request
+                .get(r.clone())
+                .and_then(|b| std::str::from_utf8(b).ok())
+                .map(|t| Some(t.to_owned())),
+        };
+        let messages = text(&self.messages)?.unwrap_or_else(|| "[]".into());
+        Some((messages, text(&self.tools)?))
+    }
 }
 
 /// `ok`: the harness got a complete answer; `failed`: it got an error;
@@ -448,6 +477,7 @@ pub(crate) fn test_call(rollout: &str, call_id: &str, sequence: i64) -> Complete
             meta,
             request: Bytes::from(request),
             upstream_request: None,
+            spans: None,
         }),
         outcome,
         response: Bytes::from_static(

@@ -133,6 +133,7 @@ pub fn recover(
                 meta,
                 request,
                 upstream_request,
+                spans: None,
             }));
         }
         for (o, resp, up) in contents.ends {

@@ -1,7 +1,7 @@
 //! The row model: one `CallRow` per call, one `RolloutRow` per finished
 //! rollout. `docs/shards.md` documents every column.
 
-use super::{CallStatus, CompletedCall, FailureClass, RolloutFinish};
+use super::{CallStatus, CompletedCall, FailureClass, RequestSpans, RolloutFinish};
 use crate::dialect::{json_text, Assembled, StreamFailureKind, WireApi};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -96,10 +96,18 @@ struct ChatParts<'a> {
     tools: Option<&'a RawValue>,
 }
 
-/// The `messages` and `tools` columns.
-fn normalized_columns(api: Option<WireApi>, request: &[u8]) -> (Option<String>, Option<String>) {
+/// The `messages` and `tools` columns, from the spans the proxy found
+/// when it has them.
+fn normalized_columns(
+    api: Option<WireApi>,
+    request: &[u8],
+    spans: Option<&RequestSpans>,
+) -> (Option<String>, Option<String>) {
     let raw = |v: Option<&RawValue>| v.map(RawValue::get).map(str::to_owned);
     if api == Some(WireApi::ChatCompletions) {
+        if let Some((m, t)) = spans.and_then(|s| s.texts(request)) {
+            return (Some(m), t);
+        }
         return match serde_json::from_slice::<ChatParts>(request) {
             Ok(p) => (
                 Some(raw(p.messages).unwrap_or_else(|| "[]".into())),
@@ -243,7 +251,7 @@ impl CallRow {
         let m = &c.begin.meta;
         let o = &c.outcome;
         let api = Some(m.wire_api);
-        let (messages, tools) = normalized_columns(api, &c.begin.request);
+        let (messages, tools) = normalized_columns(api, &c.begin.request, c.begin.spans.as_ref());
         let mut assembled = match api {
             Some(api) if !c.response.is_empty() && o.http_status.is_some_and(|s| s < 400) => {
                 api.assemble(&c.response, m.stream)
@@ -315,33 +323,37 @@ mod tests {
     #[test]
     fn chat_messages_and_tools_keep_the_harness_bytes() {
         let body = br#"{"model":"m","messages":[{"role":"user","content":"h\u00e9","n":1.0e0}],"tools":[{"type":"function"}]}"#;
-        let (m, t) = normalized_columns(Some(WireApi::ChatCompletions), body);
+        let (m, t) = normalized_columns(Some(WireApi::ChatCompletions), body, None);
         assert_eq!(
             m.as_deref(),
             Some(r#"[{"role":"user","content":"h\u00e9","n":1.0e0}]"#)
         );
         assert_eq!(t.as_deref(), Some(r#"[{"type":"function"}]"#));
-        let (m, t) = normalized_columns(Some(WireApi::ChatCompletions), br#"{"tools":null}"#);
+        let (m, t) = normalized_columns(Some(WireApi::ChatCompletions), br#"{"tools":null}"#, None);
         assert_eq!((m.as_deref(), t), (Some("[]"), None));
         assert_eq!(
-            normalized_columns(Some(WireApi::ChatCompletions), b"{not json"),
+            normalized_columns(Some(WireApi::ChatCompletions), b"{not json", None),
             (None, None)
         );
     }
 
     #[test]
     fn other_apis_are_normalized_to_chat_messages() {
-        let (m, t) = normalized_columns(Some(WireApi::Completions), br#"{"prompt":"hi"}"#);
+        let (m, t) = normalized_columns(Some(WireApi::Completions), br#"{"prompt":"hi"}"#, None);
         assert_eq!(m.as_deref(), Some(r#"[{"role":"user","content":"hi"}]"#));
         assert_eq!(t, None);
         let (m, _) = normalized_columns(
             Some(WireApi::Responses),
             br#"{"instructions":"be brief","input":"hi"}"#,
+            None,
         );
         let v: Value = serde_json::from_str(&m.unwrap()).unwrap();
         assert_eq!(v[0]["role"], "system");
         assert_eq!(v[1]["content"], "hi");
-        assert_eq!(normalized_columns(None, br#"{"prompt":"x"}"#), (None, None));
+        assert_eq!(
+            normalized_columns(None, br#"{"prompt":"x"}"#, None),
+            (None, None)
+        );
     }
 
     fn completed(api: &str, stream: bool, response: &str) -> CompletedCall {
@@ -366,6 +378,7 @@ mod tests {
                 },
                 request: bytes::Bytes::from_static(b"{}"),
                 upstream_request: None,
+                spans: None,
             }),
             outcome: CallOutcome {
                 call_id: "c".into(),

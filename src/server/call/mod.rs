@@ -221,6 +221,7 @@ pub async fn reject(
         meta: meta(state, api, rollout, None),
         request: Bytes::new(),
         upstream_request: None,
+        spans: None,
     };
     let mut resp = Call::new(state, api, begin, Instant::now())
         .fail(ProxyError::Refused(err.clone()))

@@ -7,7 +7,7 @@ use super::State;
 use crate::dialect::capture::{self, Asked, CaptureKind};
 use crate::dialect::WireApi;
 use crate::dialect::{side_call, translate};
-use crate::record::{CallBegin, CallMeta};
+use crate::record::{CallBegin, CallMeta, RequestSpans};
 use crate::upstream::Route;
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderMap};
@@ -132,6 +132,10 @@ pub async fn prepare(
         Some(other) => bail!(meta, ProxyError::InvalidModel(other)),
     };
     meta.stream = head.stream.unwrap_or(false);
+    let spans = RequestSpans {
+        messages: span(&request, head.messages),
+        tools: span(&request, head.tools),
+    };
     let shape = side_call::Shape {
         tools: head.tools,
         system: head.system,
@@ -204,8 +208,10 @@ pub async fn prepare(
         }
     }
     meta.upstream_model = upstream_model;
+    let mut begin = begin(meta, request, upstream_request);
+    begin.spans = Some(spans);
     Ok(Prepared {
-        begin: begin(meta, request, upstream_request),
+        begin,
         route,
         api,
         target,
@@ -219,7 +225,16 @@ fn begin(meta: CallMeta, request: Bytes, upstream_request: Option<Bytes>) -> Cal
         meta,
         request,
         upstream_request,
+        spans: None,
     }
+}
+
+/// Where `value`, read from `body`, lies in it.
+fn span(body: &[u8], value: Option<&RawValue>) -> Option<std::ops::Range<usize>> {
+    let text = value?.get();
+    let start = (text.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+    let end = start + text.len();
+    (end <= body.len()).then_some(start..end)
 }
 
 /// Read the harness's request body: at most `max` bytes, with no silence
@@ -311,6 +326,46 @@ mod tests {
             std::str::from_utf8(&out).unwrap(),
             r#"{"model":"b","temperature":1.0e0,"messages":[{"role":"user","content":"h\u00e9"}],"x":{"y":[1,2]}}"#
         );
+    }
+
+    /// The spans found reading a request's head are the texts of its
+    /// `messages` and `tools`, as the row would read them from the body.
+    #[test]
+    fn spans_are_the_request_texts_of_messages_and_tools() {
+        let cases: &[(&str, &str, Option<&str>)] = &[
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":"h\u00e9 \n"}],"tools":[{"type":"function"}]}"#,
+                r#"[{"role":"user","content":"h\u00e9 \n"}]"#,
+                Some(r#"[{"type":"function"}]"#),
+            ),
+            (
+                r#" { "tools" : null , "messages" :  [ 1 , 2 ] } "#,
+                "[ 1 , 2 ]",
+                None,
+            ),
+            (r#"{"model":"m"}"#, "[]", None),
+            (
+                r#"{"messages":null,"tools":{"a":[]}}"#,
+                "[]",
+                Some(r#"{"a":[]}"#),
+            ),
+        ];
+        for (body, messages, tools) in cases {
+            let b = body.as_bytes();
+            let head: Head = serde_json::from_slice(b).unwrap();
+            let spans = RequestSpans {
+                messages: span(b, head.messages),
+                tools: span(b, head.tools),
+            };
+            let (m, t) = spans.texts(b).unwrap();
+            assert_eq!((m.as_str(), t.as_deref()), (*messages, *tools), "{body}");
+        }
+        assert_eq!(span(b"{}", None), None);
+        let bad = RequestSpans {
+            messages: Some(2..9),
+            tools: None,
+        };
+        assert_eq!(bad.texts(b"{}"), None);
     }
 
     #[test]
