@@ -23,7 +23,7 @@
 //!
 //! Anything else says no, and the caller takes the tree's way.
 
-/// The top-level object's `key` value, as a byte range of the text.
+/// Where a value lies in the text, as a byte range.
 pub type Span = std::ops::Range<usize>;
 
 /// What [`canonical`] found in a canonical object.
