@@ -1,16 +1,16 @@
-//! Is a JSON text already in the form `serde_json` writes it?
+//! JSON text in the form `serde_json` writes it, read in one pass.
 //!
 //! A row stores an answer's message as compact JSON: the text that parsing
 //! it into a `Value` and writing that out gives. Most upstreams already
 //! send exactly that text, and then the row keeps their bytes instead of
-//! building a tree and writing it out again (4 % of the shard thread's
-//! instructions on the bench's small answer under callgrind, growing with
-//! the answer; the check itself reads each byte once).
+//! building a tree and writing it out again; and the few fields a row
+//! reads of a whole answer are found by [`Scan`] in the same single pass
+//! (`chat::assemble_whole`), instead of by `serde`'s two passes and the
+//! trees of its `Value` fields (14.7k of the shard thread's instructions
+//! per call on the bench's 350-byte answer under callgrind).
 //!
-//! [`canonical`] says yes only when the round trip provably changes
-//! nothing. Given valid JSON (the caller's text was read as a `RawValue`,
-//! which checks that), the text is what `serde_json` (with
-//! `preserve_order`) writes back when:
+//! [`Scan`] reads a text only while it is valid JSON that `serde_json`
+//! (with `preserve_order`) writes back byte for byte, that is:
 //! - no whitespace stands between tokens;
 //! - every escape in a string is one `serde_json` writes itself: `\"`,
 //!   `\\`, `\b`, `\f`, `\n`, `\r`, `\t`, or `\u00xx` (lowercase hex) for
@@ -21,10 +21,18 @@
 //! - no object repeats a key (the tree keeps the last value at the first
 //!   key's place).
 //!
-//! Anything else says no, and the caller takes the tree's way.
+//! Anything else, or anything deeper than [`MAX_DEPTH`] or an object of
+//! more than [`MAX_KEYS`] keys (the repeated-key check is quadratic), stops
+//! it with `None`, and the caller takes `serde`'s way.
 
 /// Where a value lies in the text, as a byte range.
 pub type Span = std::ops::Range<usize>;
+
+/// Containers deeper than this are left to `serde` (whose own limit is 128).
+pub const MAX_DEPTH: usize = 128;
+
+/// Objects with more keys than this are left to `serde`.
+pub const MAX_KEYS: usize = 64;
 
 /// What [`canonical`] found in a canonical object.
 #[derive(Debug, Default, PartialEq)]
@@ -37,119 +45,221 @@ pub struct Canonical {
 /// The bytes a short escape stands for, in `serde_json`'s own choice.
 const SHORT: &[u8] = b"\"\\bfnrt";
 
-/// `Some` when `text` (valid JSON) is an object `serde_json` would write
-/// back byte for byte; see the module's comment.
+/// `Some` when `text` is a JSON object `serde_json` would write back byte
+/// for byte; see the module's comment.
 pub fn canonical(text: &str) -> Option<Canonical> {
-    let b = text.as_bytes();
-    if b.first() != Some(&b'{') {
-        return None;
-    }
-    let mut out = Canonical::default();
-    // Each open container: for an object, the keys seen so far.
-    let mut open: Vec<Option<Vec<&[u8]>>> = Vec::new();
-    let mut i = 0;
-    // The top-level value now being read is `tool_calls`'s.
-    let mut tool_calls_at: Option<usize> = None;
-    while i < b.len() {
-        match b[i] {
-            b'{' => {
-                open.push(Some(Vec::new()));
-                i += 1;
-            }
-            b'[' => {
-                open.push(None);
-                i += 1;
-            }
-            b'}' | b']' => {
-                open.pop();
-                i += 1;
-                end_value(&mut out, &mut tool_calls_at, open.len(), b, i);
-            }
-            b',' => i += 1,
-            b':' => i += 1,
-            b'"' => {
-                let end = string_end(b, i)?;
-                // A key is followed by `:` (no whitespace comes between).
-                let is_key = b.get(end) == Some(&b':');
-                if is_key {
-                    let key = &b[i + 1..end - 1];
-                    let Some(Some(keys)) = open.last_mut() else {
-                        return None;
-                    };
-                    if keys.contains(&key) {
-                        return None;
-                    }
-                    keys.push(key);
-                    if open.len() == 1 && key == b"tool_calls" {
-                        tool_calls_at = Some(end + 1);
-                    }
-                } else {
-                    end_value(&mut out, &mut tool_calls_at, open.len(), b, end);
-                }
-                i = end;
-            }
-            b'-' | b'0'..=b'9' => {
-                let start = i;
-                i += usize::from(b[i] == b'-');
-                let digits = b[i..].iter().take_while(|c| c.is_ascii_digit()).count();
-                i += digits;
-                if digits == 0 || digits > 18 || &b[start..i] == b"-0" {
-                    return None;
-                }
-                if matches!(b.get(i), Some(b'.' | b'e' | b'E')) {
-                    return None;
-                }
-                end_value(&mut out, &mut tool_calls_at, open.len(), b, i);
-            }
-            b't' | b'f' | b'n' => {
-                let word: &[u8] = match b[i] {
-                    b't' => b"true",
-                    b'f' => b"false",
-                    _ => b"null",
-                };
-                if !b[i..].starts_with(word) {
-                    return None;
-                }
-                let null = word == b"null";
-                i += word.len();
-                if null && open.len() == 1 && tool_calls_at.is_some() {
-                    tool_calls_at = None;
-                } else {
-                    end_value(&mut out, &mut tool_calls_at, open.len(), b, i);
-                }
-            }
-            // Whitespace between tokens, or anything else.
-            _ => return None,
-        }
-    }
-    open.is_empty().then_some(out)
+    let mut s = Scan::new(text)?;
+    let tool_calls = s.object_field(b"tool_calls")?;
+    s.done().then_some(Canonical { tool_calls })
 }
 
-/// A value that ends at `end` with `depth` containers still open: when it
-/// is the top-level object's `tool_calls`, note where it is.
-fn end_value(
-    out: &mut Canonical,
-    tool_calls_at: &mut Option<usize>,
+/// A reader of one JSON text in `serde_json`'s form, a token at a time.
+/// Every method reads one whole value (or fails) and leaves the reader
+/// just past it.
+pub struct Scan<'a> {
+    text: &'a str,
+    at: usize,
     depth: usize,
-    b: &[u8],
-    end: usize,
-) {
-    if depth != 1 {
-        return;
-    }
-    if let Some(start) = tool_calls_at.take() {
-        if start < end && end <= b.len() {
-            out.tool_calls = Some(start..end);
+    /// The keys of every open object, innermost last.
+    keys: Vec<&'a [u8]>,
+}
+
+impl<'a> Scan<'a> {
+    /// `None` when `text` holds a control byte: JSON has them only
+    /// escaped in strings or as whitespace, and `serde_json` writes no
+    /// whitespace. Checked once here, the strings are then read a run at
+    /// a time.
+    pub fn new(text: &'a str) -> Option<Self> {
+        let control = |chunk: &[u8]| chunk.iter().fold(false, |any, &c| any | (c < 0x20));
+        if text.as_bytes().chunks(64).any(control) {
+            return None;
         }
+        Some(Scan {
+            text,
+            at: 0,
+            depth: 0,
+            // Enough for most answers' open objects without growing.
+            keys: Vec::with_capacity(32),
+        })
     }
+
+    /// The whole text has been read.
+    pub fn done(&self) -> bool {
+        self.at == self.text.len()
+    }
+
+    /// Where the reader is: the end of what it has read.
+    pub fn at(&self) -> usize {
+        self.at
+    }
+
+    /// The next byte, which says what kind of value comes next.
+    pub fn peek(&self) -> Option<u8> {
+        self.text.as_bytes().get(self.at).copied()
+    }
+
+    /// The text of a span this reader returned (spans start and end at
+    /// ASCII tokens).
+    pub fn text(&self, span: Span) -> &'a str {
+        self.text.get(span).unwrap_or_default()
+    }
+
+    fn eat(&mut self, c: u8) -> bool {
+        let yes = self.peek() == Some(c);
+        self.at += usize::from(yes);
+        yes
+    }
+
+    /// Read any value; where it lies.
+    pub fn value(&mut self) -> Option<Span> {
+        let start = self.at;
+        let b = self.text.as_bytes();
+        match *b.get(start)? {
+            b'{' => self.object(|s, _| s.value().map(drop))?,
+            b'[' => self.array(|s, _| s.value().map(drop))?,
+            b'"' => self.at = string_end(b, start)?,
+            b'-' | b'0'..=b'9' => self.at = number_end(b, start)?,
+            c => {
+                let word: &[u8] = match c {
+                    b't' => b"true",
+                    b'f' => b"false",
+                    b'n' => b"null",
+                    _ => return None,
+                };
+                if !b[start..].starts_with(word) {
+                    return None;
+                }
+                self.at += word.len();
+            }
+        }
+        Some(start..self.at)
+    }
+
+    /// Read a value, and its integer when it is one (`Value::as_i64`).
+    pub fn int(&mut self) -> Option<Option<i64>> {
+        let v = self.value()?;
+        Some(self.text(v).parse().ok())
+    }
+
+    /// Read a value, and its text when it is a string (`Value::as_str`).
+    pub fn string(&mut self) -> Option<Option<String>> {
+        let v = self.value()?;
+        let t = self.text(v);
+        Some(
+            match t.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
+                Some(inner) if !inner.contains('\\') => Some(inner.to_owned()),
+                Some(_) => serde_json::from_str(t).ok(),
+                None => None,
+            },
+        )
+    }
+
+    /// Read an object, and where its value at `key` is, unless absent or
+    /// `null`.
+    pub fn object_field(&mut self, key: &[u8]) -> Option<Option<Span>> {
+        let mut found = None;
+        self.object(|s, k| {
+            let v = s.value()?;
+            if k == key && s.text(v.clone()) != "null" {
+                found = Some(v);
+            }
+            Some(())
+        })?;
+        Some(found)
+    }
+
+    /// Read an object: after each key, `on` reads that key's value.
+    pub fn object(&mut self, mut on: impl FnMut(&mut Self, &'a [u8]) -> Option<()>) -> Option<()> {
+        self.open(b'{')?;
+        let base = self.keys.len();
+        if !self.eat(b'}') {
+            loop {
+                let b = self.text.as_bytes();
+                if self.peek()? != b'"' {
+                    return None;
+                }
+                let end = string_end(b, self.at)?;
+                let key = &b[self.at + 1..end - 1];
+                let seen = &self.keys[base..];
+                if seen.len() >= MAX_KEYS || seen.contains(&key) {
+                    return None;
+                }
+                self.keys.push(key);
+                self.at = end;
+                if !self.eat(b':') {
+                    return None;
+                }
+                on(self, key)?;
+                if self.eat(b'}') {
+                    break;
+                }
+                if !self.eat(b',') {
+                    return None;
+                }
+            }
+        }
+        self.keys.truncate(base);
+        self.depth -= 1;
+        Some(())
+    }
+
+    /// Read an array: `on` reads each element, given its index.
+    pub fn array(&mut self, mut on: impl FnMut(&mut Self, usize) -> Option<()>) -> Option<()> {
+        self.open(b'[')?;
+        if !self.eat(b']') {
+            let mut n = 0;
+            loop {
+                on(self, n)?;
+                n += 1;
+                if self.eat(b']') {
+                    break;
+                }
+                if !self.eat(b',') {
+                    return None;
+                }
+            }
+        }
+        self.depth -= 1;
+        Some(())
+    }
+
+    fn open(&mut self, c: u8) -> Option<()> {
+        if self.depth >= MAX_DEPTH || !self.eat(c) {
+            return None;
+        }
+        self.depth += 1;
+        Some(())
+    }
+}
+
+/// The index just past the number that starts at `start`, or `None` when
+/// it is not an integer `serde_json` writes back the same.
+fn number_end(b: &[u8], start: usize) -> Option<usize> {
+    let from = start + usize::from(b[start] == b'-');
+    let digits = b
+        .get(from..)?
+        .iter()
+        .take_while(|c| c.is_ascii_digit())
+        .count();
+    let end = from + digits;
+    let leading_zero = digits > 1 && b[from] == b'0';
+    if digits == 0 || digits > 18 || leading_zero || &b[start..end] == b"-0" {
+        return None;
+    }
+    if matches!(b.get(end), Some(b'.' | b'e' | b'E')) {
+        return None;
+    }
+    Some(end)
 }
 
 /// The index just past the string that opens at `start`, or `None` when
-/// it holds an escape `serde_json` would not write.
+/// it is not valid or holds an escape `serde_json` would not write. The
+/// text holds no control byte ([`Scan::new`]).
 fn string_end(b: &[u8], start: usize) -> Option<usize> {
     let mut i = start + 1;
     loop {
-        match b.get(i)? {
+        i += memchr::memchr2(b'"', b'\\', b.get(i..)?)?;
+        match b[i] {
             b'"' => return Some(i + 1),
             b'\\' => {
                 let e = *b.get(i + 1)?;
@@ -171,7 +281,7 @@ fn string_end(b: &[u8], start: usize) -> Option<usize> {
                     return None;
                 }
             }
-            _ => i += 1,
+            _ => return None,
         }
     }
 }
@@ -193,12 +303,9 @@ mod tests {
             .map(|v| serde_json::to_string(&v).unwrap())
     }
 
-    /// Canonical texts are their own round trip, and their `tool_calls`
-    /// span is the value's text.
+    /// Canonical texts are valid JSON and their own round trip, and their
+    /// `tool_calls` span is the value's text.
     fn check(text: &str) {
-        if serde_json::from_str::<&serde_json::value::RawValue>(text).is_err() {
-            return;
-        }
         if let Some(c) = canonical(text) {
             assert_eq!(round_trip(text).as_deref(), Some(text), "{text}");
             let v: Value = serde_json::from_str(text).unwrap();
@@ -254,6 +361,17 @@ mod tests {
             r#"{"a":12345678901234567890}"#,
             r#"{"a":1,"a":2}"#,
             r#"{"b":{"a":1,"a":2}}"#,
+            // Not JSON at all.
+            r#"{"a":01}"#,
+            r#"{"a":-}"#,
+            "{\"a\":\"\u{1}\"}",
+            r#"{"a":1,}"#,
+            r#"{"a":[1,]}"#,
+            r#"{"a"}"#,
+            r#"{"a":1}}"#,
+            r#"{"a":tru}"#,
+            r#"{"a":"x}"#,
+            r#"{"a":[1}"#,
             r#"[1]"#,
             r#""s""#,
             r#"null"#,
@@ -262,6 +380,28 @@ mod tests {
         }
         // Keys repeated in different objects are fine.
         assert!(canonical(r#"{"a":{"a":1},"b":[{"a":1},{"a":2}]}"#).is_some());
+    }
+
+    #[test]
+    fn deep_or_wide_texts_are_left_to_serde() {
+        let deep = format!(
+            "{{\"a\":{}{}}}",
+            "[".repeat(MAX_DEPTH),
+            "]".repeat(MAX_DEPTH)
+        );
+        assert!(canonical(&deep).is_none());
+        let fits = format!(
+            "{{\"a\":{}{}}}",
+            "[".repeat(MAX_DEPTH - 1),
+            "]".repeat(MAX_DEPTH - 1)
+        );
+        assert!(canonical(&fits).is_some());
+        let keys = |n: usize| {
+            let kv: Vec<String> = (0..n).map(|i| format!("\"k{i}\":{i}")).collect();
+            format!("{{{}}}", kv.join(","))
+        };
+        assert!(canonical(&keys(MAX_KEYS)).is_some());
+        assert!(canonical(&keys(MAX_KEYS + 1)).is_none());
     }
 
     fn json() -> impl Strategy<Value = Value> {

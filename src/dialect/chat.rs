@@ -1,6 +1,7 @@
 //! OpenAI Chat Completions: assemble a chunk stream into one
 //! `chat.completion`, and read the fields a trainer needs from it.
 
+use super::canonical::Scan;
 use super::{
     int_at, push_name, push_str, sse::Event, tokens, Assembled, StreamOutcome, Usage, WireApi,
 };
@@ -147,6 +148,102 @@ fn int(v: Option<Value>) -> Option<i64> {
 /// it: not an object of that shape, no `choices` array, a duplicate key,
 /// an error, or top-level token capture fields.
 pub fn assemble_whole(body: &[u8]) -> Option<Assembled> {
+    assemble_compact(body).or_else(|| assemble_parts(body))
+}
+
+/// [`assemble_parts`]'s reading of a body already in the form `serde_json`
+/// writes (`canonical`), in one pass and with no tree. `None` for any body
+/// it does not read the same way, down to the byte: any other form, a
+/// `null` or absent `choices` or message, an error or token capture field;
+/// those go `serde`'s way.
+pub(super) fn assemble_compact(body: &[u8]) -> Option<Assembled> {
+    let mut s = Scan::new(std::str::from_utf8(body).ok()?)?;
+    let mut out = Assembled {
+        answer: true,
+        ..Assembled::default()
+    };
+    let (mut choices, mut message, mut tool_calls) = (false, None, None);
+    s.object(|s, key| match key {
+        b"choices" if s.peek() == Some(b'[') => {
+            choices = true;
+            s.array(|s, n| match n {
+                0 => s.object(|s, key| match key {
+                    b"message" if s.peek() == Some(b'{') => {
+                        let start = s.at();
+                        tool_calls = s.object_field(b"tool_calls")?;
+                        message = Some(start..s.at());
+                        Some(())
+                    }
+                    b"message" => None,
+                    b"finish_reason" => {
+                        out.finish_reason = s.string()?;
+                        Some(())
+                    }
+                    b"logprobs" | b"token_ids" | b"prompt_token_ids" | b"prompt_logprobs" => {
+                        null(s)
+                    }
+                    _ => s.value().map(drop),
+                }),
+                _ => s.value().map(drop),
+            })
+        }
+        b"choices" => None,
+        b"usage" => scan_usage(s, &mut out.usage),
+        b"error" | b"prompt_token_ids" | b"prompt_logprobs" | b"sglext" => null(s),
+        _ => s.value().map(drop),
+    })?;
+    if !s.done() || !choices {
+        return None;
+    }
+    out.message_text = message.map(|m| s.text(m).to_owned());
+    out.tool_calls_text = tool_calls.map(|t| s.text(t).to_owned());
+    Some(out)
+}
+
+/// Read a `null`; any other value stops [`assemble_compact`].
+fn null(s: &mut Scan) -> Option<()> {
+    let v = s.value()?;
+    (s.text(v) == "null").then_some(())
+}
+
+/// Read `usage` into `u` as [`UsageParts`] in an [`ObjectOr`] reads it.
+fn scan_usage(s: &mut Scan, u: &mut Usage) -> Option<()> {
+    if s.peek() != Some(b'{') {
+        return s.value().map(drop);
+    }
+    s.object(|s, key| {
+        match key {
+            b"prompt_tokens" => u.prompt = s.int()?,
+            b"completion_tokens" => u.completion = s.int()?,
+            b"total_tokens" => u.total = s.int()?,
+            b"prompt_tokens_details" => u.cached = detail(s, b"cached_tokens")?,
+            b"completion_tokens_details" => u.reasoning = detail(s, b"reasoning_tokens")?,
+            _ => {
+                s.value()?;
+            }
+        }
+        Some(())
+    })
+}
+
+/// A usage detail's integer at `key`, when the detail is an object.
+fn detail(s: &mut Scan, key: &[u8]) -> Option<Option<i64>> {
+    if s.peek() != Some(b'{') {
+        return s.value().map(|_| None);
+    }
+    let mut found = None;
+    s.object(|s, k| {
+        let n = s.int()?;
+        if k == key {
+            found = n;
+        }
+        Some(())
+    })?;
+    Some(found)
+}
+
+/// [`assemble_whole`] by way of `serde`: the parts a row reads, typed.
+pub(super) fn assemble_parts(body: &[u8]) -> Option<Assembled> {
     let parts: WholeParts = serde_json::from_slice(body).ok()?;
     if parts.error.is_some()
         || parts.prompt_token_ids.is_some()

@@ -41,28 +41,7 @@ fn whole_chat_answers_read_the_same_by_parts_and_by_tree() {
         r#"{"choices":[{}],"usage":{"prompt_tokens_details":{"cached_tokens":1,"cached_tokens":2}}}"#,
     ];
     for body in bodies {
-        let parts = WireApi::ChatCompletions.assemble(body.as_bytes(), false);
-        let tree = WireApi::ChatCompletions.assemble_tree(body.as_bytes(), false);
-        let (mut parts, mut tree) = (parts, tree);
-        assert_eq!(parts.has_message(), tree.has_message(), "{body}");
-        assert_eq!(
-            parts.take_message_json(),
-            tree.take_message_json(),
-            "{body}"
-        );
-        assert_eq!(
-            parts.take_tool_calls_json(),
-            tree.take_tool_calls_json(),
-            "{body}"
-        );
-        assert_eq!(parts.finish_reason, tree.finish_reason, "{body}");
-        assert_eq!(parts.usage, tree.usage, "{body}");
-        // Debug text: a logprob that is not a number reads as NaN.
-        let tokens = |a: &Assembled| format!("{:?}", a.tokens);
-        assert_eq!(tokens(&parts), tokens(&tree), "{body}");
-        assert_eq!(parts.failure, tree.failure, "{body}");
-        assert_eq!(parts.error, tree.error, "{body}");
-        assert_eq!(parts.answer, tree.answer, "{body}");
+        reads_as_the_tree(body);
     }
     let by_parts = |b: &str| chat::assemble_whole(b.as_bytes()).is_some();
     assert!(by_parts(bodies[0]) && by_parts(bodies[1]) && by_parts(bodies[2]));
@@ -74,6 +53,203 @@ fn whole_chat_answers_read_the_same_by_parts_and_by_tree() {
         |b: &str| chat::assemble_whole(b.as_bytes()).is_some_and(|a| a.message_text.is_some());
     assert!(kept(bodies[1]) && kept(bodies[22]) && kept(bodies[23]));
     assert!(!kept(bodies[0]) && !kept(bodies[16]) && !kept(bodies[18]));
+}
+
+/// `assemble` reads a whole Chat Completions `body` as the tree of the
+/// whole body does, whichever way it goes; and where the one-pass reader
+/// reads it, `serde`'s typed parts read it too, the same.
+fn reads_as_the_tree(body: &str) {
+    let mut parts = WireApi::ChatCompletions.assemble(body.as_bytes(), false);
+    let mut tree = WireApi::ChatCompletions.assemble_tree(body.as_bytes(), false);
+    assert_eq!(parts.has_message(), tree.has_message(), "{body}");
+    assert_eq!(
+        parts.take_message_json(),
+        tree.take_message_json(),
+        "{body}"
+    );
+    assert_eq!(
+        parts.take_tool_calls_json(),
+        tree.take_tool_calls_json(),
+        "{body}"
+    );
+    assert_eq!(parts.finish_reason, tree.finish_reason, "{body}");
+    assert_eq!(parts.usage, tree.usage, "{body}");
+    // Debug text: a logprob that is not a number reads as NaN.
+    let tokens = |a: &Assembled| format!("{:?}", a.tokens);
+    assert_eq!(tokens(&parts), tokens(&tree), "{body}");
+    assert_eq!(parts.failure, tree.failure, "{body}");
+    assert_eq!(parts.error, tree.error, "{body}");
+    assert_eq!(parts.answer, tree.answer, "{body}");
+    if let Some(mut one) = chat::assemble_compact(body.as_bytes()) {
+        let mut typed = chat::assemble_parts(body.as_bytes())
+            .unwrap_or_else(|| panic!("read in one pass, refused by parts: {body}"));
+        assert_eq!(one.take_message_json(), typed.take_message_json(), "{body}");
+        assert_eq!(
+            one.take_tool_calls_json(),
+            typed.take_tool_calls_json(),
+            "{body}"
+        );
+        assert_eq!(one.finish_reason, typed.finish_reason, "{body}");
+        assert_eq!(one.usage, typed.usage, "{body}");
+        assert_eq!(one.tokens, typed.tokens, "{body}");
+    }
+}
+
+#[test]
+fn compact_whole_answers_are_read_in_one_pass() {
+    let compact = |b: &str| chat::assemble_compact(b.as_bytes()).is_some();
+    for body in [
+        // The bench's scripted answer.
+        r#"{"id":"chatcmpl-scripted-0","object":"chat.completion","created":1700000000,"model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"Reply to: List the files in the repository."},"finish_reason":"stop","logprobs":null}],"usage":{"prompt_tokens":10,"completion_tokens":43,"total_tokens":53,"prompt_tokens_details":{"cached_tokens":0},"completion_tokens_details":{"reasoning_tokens":0}}}"#,
+        r#"{"choices":[{"message":{"role":"assistant","content":null,"tool_calls":[{"id":"t","type":"function","function":{"name":"bash","arguments":"{\"c\":1}"}}]},"finish_reason":"tool_\nc"}],"usage":{"prompt_tokens":-1}}"#,
+        r#"{"choices":[],"usage":[{"prompt_tokens":1}],"error":null}"#,
+    ] {
+        assert!(compact(body), "{body}");
+        reads_as_the_tree(body);
+    }
+    for body in [
+        r#"{"choices":[{"message":{"content":"a"}}],"created":1.5}"#,
+        r#"{"choices":[{"message":null}]}"#,
+        r#"{"choices":[{"message":{"content":"a"},"logprobs":{"content":[]}}]}"#,
+        r#"{"choices":[{"message":{"content":"a"}}],"error":{"message":"x"}}"#,
+        r#"{"choices":[{"message":{"content":"a"}}],"id":"a","id":"b"}"#,
+        r#"{"usage":{}}"#,
+        r#"{"choices":[{"message":{"content":"a"}}]} "#,
+        r#"{"choices":[{"message":{"content":"\u00e9"}}]}"#,
+    ] {
+        assert!(!compact(body), "{body}");
+        reads_as_the_tree(body);
+    }
+}
+
+mod compact {
+    use super::reads_as_the_tree;
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    fn scalar() -> impl Strategy<Value = Value> + Clone {
+        prop_oneof![
+            3 => Just(Value::Null),
+            1 => any::<bool>().prop_map(Value::from),
+            2 => (-999_999_999_999i64..999_999_999_999).prop_map(Value::from),
+            2 => r#"[a-c"\\\n\x01é ]{0,4}"#.prop_map(Value::from),
+            1 => Just(json!([1, {"a": null}])),
+            2 => Just(json!([7, 8])),
+        ]
+    }
+
+    /// An object of some of `keys` (repeats are dropped), each with a value
+    /// from `value`.
+    fn object(
+        keys: &'static [&'static str],
+        value: impl Strategy<Value = Value> + Clone,
+    ) -> impl Strategy<Value = Value> + Clone {
+        prop::collection::vec((prop::sample::select(keys), value), 0..6)
+            .prop_map(|kv| Value::Object(kv.into_iter().map(|(k, v)| (k.into(), v)).collect()))
+    }
+
+    /// Mostly `null`, sometimes anything.
+    fn mostly_null() -> impl Strategy<Value = Value> + Clone {
+        prop_oneof![4 => Just(Value::Null), 1 => scalar()]
+    }
+
+    /// `(key, value)` when `Some`.
+    fn field(
+        key: &'static str,
+        value: impl Strategy<Value = Value>,
+    ) -> impl Strategy<Value = Option<(&'static str, Value)>> {
+        prop::option::weighted(0.8, value.prop_map(move |v| (key, v)))
+    }
+
+    /// An object of `fields` that are there, then of `extra`'s keys not
+    /// among them.
+    fn join(fields: Vec<Option<(&'static str, Value)>>, extra: Value) -> Value {
+        let mut m: serde_json::Map<String, Value> = fields
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.into(), v))
+            .collect();
+        if let Value::Object(e) = extra {
+            for (k, v) in e {
+                m.entry(k).or_insert(v);
+            }
+        }
+        Value::Object(m)
+    }
+
+    fn answer() -> impl Strategy<Value = Value> {
+        let detail = object(&["cached_tokens", "reasoning_tokens", "x"], scalar());
+        let usage = object(
+            &[
+                "prompt_tokens",
+                "completion_tokens",
+                "total_tokens",
+                "prompt_tokens_details",
+                "completion_tokens_details",
+            ],
+            prop_oneof![scalar(), detail],
+        );
+        let message = prop_oneof![
+            4 => object(&["role", "content", "tool_calls", "refusal"], scalar()),
+            1 => scalar(),
+        ];
+        let finish = prop_oneof![
+            2 => "[a-z_\\\n]{0,6}".prop_map(Value::from),
+            1 => scalar(),
+        ];
+        let choice = (
+            field("message", message),
+            field("finish_reason", finish),
+            object(
+                &["index", "logprobs", "token_ids", "prompt_token_ids"],
+                mostly_null(),
+            ),
+        )
+            .prop_map(|(m, f, extra)| join(vec![m, f], extra));
+        let choices = prop_oneof![
+            6 => prop::collection::vec(prop_oneof![6 => choice, 1 => scalar()], 0..3)
+                .prop_map(Value::Array),
+            1 => scalar(),
+        ];
+        (
+            field("choices", choices),
+            field("usage", prop_oneof![3 => usage, 1 => scalar()]),
+            object(
+                &["id", "error", "prompt_token_ids", "sglext"],
+                mostly_null(),
+            ),
+        )
+            .prop_map(|(c, u, extra)| join(vec![c, u], extra))
+    }
+
+    proptest! {
+        /// Answers as `serde_json` writes them (and pretty, which is not
+        /// the form the one-pass reader reads) read the same every way.
+        #[test]
+        fn generated_answers_read_the_same(v in answer(), pretty in any::<bool>()) {
+            let body = if pretty {
+                serde_json::to_string_pretty(&v).unwrap()
+            } else {
+                serde_json::to_string(&v).unwrap()
+            };
+            reads_as_the_tree(&body);
+        }
+
+        /// The bench's answer with a few bytes changed: valid or not, it
+        /// reads the same every way.
+        #[test]
+        fn mutated_answers_read_the_same(
+            edits in prop::collection::vec((0usize..400, r#"["{}\\\[\],:0-9a-z.\-eE ]{0,2}"#, 0usize..3), 1..4)
+        ) {
+            let mut body = r#"{"id":"c","choices":[{"index":0,"message":{"role":"assistant","content":"hi","tool_calls":null},"finish_reason":"stop","logprobs":null}],"usage":{"prompt_tokens":10,"completion_tokens":43,"total_tokens":53,"prompt_tokens_details":{"cached_tokens":0}}}"#.to_owned();
+            for (at, insert, remove) in edits {
+                let at = at % (body.len() + 1);
+                let end = (at + remove).min(body.len());
+                body.replace_range(at..end, &insert);
+            }
+            reads_as_the_tree(&body);
+        }
+    }
 }
 
 fn failure(api: WireApi, body: &str, stream: bool) -> Option<(StreamFailureKind, String)> {
