@@ -54,8 +54,8 @@ pub fn canonical(text: &str) -> Option<Canonical> {
 }
 
 /// A reader of one JSON text in `serde_json`'s form, a token at a time.
-/// Every method reads one whole value (or fails) and leaves the reader
-/// just past it.
+/// Every method reads one whole value and leaves the reader just past it,
+/// or returns `None`, after which the reader is spent.
 pub struct Scan<'a> {
     text: &'a str,
     at: usize,

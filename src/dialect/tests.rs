@@ -59,40 +59,32 @@ fn whole_chat_answers_read_the_same_by_parts_and_by_tree() {
 /// whole body does, whichever way it goes; and where the one-pass reader
 /// reads it, `serde`'s typed parts read it too, the same.
 fn reads_as_the_tree(body: &str) {
-    let mut parts = WireApi::ChatCompletions.assemble(body.as_bytes(), false);
-    let mut tree = WireApi::ChatCompletions.assemble_tree(body.as_bytes(), false);
-    assert_eq!(parts.has_message(), tree.has_message(), "{body}");
-    assert_eq!(
-        parts.take_message_json(),
-        tree.take_message_json(),
-        "{body}"
+    let bytes = body.as_bytes();
+    same_reading(
+        WireApi::ChatCompletions.assemble(bytes, false),
+        WireApi::ChatCompletions.assemble_tree(bytes, false),
+        body,
     );
-    assert_eq!(
-        parts.take_tool_calls_json(),
-        tree.take_tool_calls_json(),
-        "{body}"
-    );
-    assert_eq!(parts.finish_reason, tree.finish_reason, "{body}");
-    assert_eq!(parts.usage, tree.usage, "{body}");
-    // Debug text: a logprob that is not a number reads as NaN.
-    let tokens = |a: &Assembled| format!("{:?}", a.tokens);
-    assert_eq!(tokens(&parts), tokens(&tree), "{body}");
-    assert_eq!(parts.failure, tree.failure, "{body}");
-    assert_eq!(parts.error, tree.error, "{body}");
-    assert_eq!(parts.answer, tree.answer, "{body}");
-    if let Some(mut one) = chat::assemble_compact(body.as_bytes()) {
-        let mut typed = chat::assemble_parts(body.as_bytes())
+    if let Some(one) = chat::assemble_compact(bytes) {
+        let typed = chat::assemble_parts(bytes)
             .unwrap_or_else(|| panic!("read in one pass, refused by parts: {body}"));
-        assert_eq!(one.take_message_json(), typed.take_message_json(), "{body}");
-        assert_eq!(
-            one.take_tool_calls_json(),
-            typed.take_tool_calls_json(),
-            "{body}"
-        );
-        assert_eq!(one.finish_reason, typed.finish_reason, "{body}");
-        assert_eq!(one.usage, typed.usage, "{body}");
-        assert_eq!(one.tokens, typed.tokens, "{body}");
+        same_reading(one, typed, body);
     }
+}
+
+/// `a` and `b`, two readings of `body`, read the same.
+fn same_reading(mut a: Assembled, mut b: Assembled, body: &str) {
+    assert_eq!(a.has_message(), b.has_message(), "{body}");
+    assert_eq!(a.take_message_json(), b.take_message_json(), "{body}");
+    assert_eq!(a.take_tool_calls_json(), b.take_tool_calls_json(), "{body}");
+    assert_eq!(a.finish_reason, b.finish_reason, "{body}");
+    assert_eq!(a.usage, b.usage, "{body}");
+    // Debug text: a logprob that is not a number reads as NaN.
+    let tokens = |x: &Assembled| format!("{:?}", x.tokens);
+    assert_eq!(tokens(&a), tokens(&b), "{body}");
+    assert_eq!(a.failure, b.failure, "{body}");
+    assert_eq!(a.error, b.error, "{body}");
+    assert_eq!(a.answer, b.answer, "{body}");
 }
 
 #[test]
