@@ -19,12 +19,22 @@
 //! on the priority: the queue's backpressure is unchanged, and a full
 //! queue stops the serving threads, which leaves the cores to the writer.
 //!
+//! A writer in the idle class may not run at all while other work keeps
+//! every core busy, so it cannot be the one to notice: under twenty
+//! harnesses it once held a batch for 53 s without reaching its next
+//! check. A watcher thread (`rollcall-shard-watch`) looks every
+//! [`STARVED`]: a writer that has held a batch that long in the idle class
+//! is moved to the batch class at nice 0 from outside (Linux keeps a
+//! policy per thread, named by its id). The writer's class is kept behind
+//! one lock that both take, so the two never disagree about it.
+//!
 //! Returning from the idle class takes `CAP_SYS_NICE` or an `RLIMIT_NICE`
 //! that allows nice 0 (a Docker container has neither by default). So the
 //! writer first tries the round trip on a throwaway thread, and where it
 //! fails it stays in the batch class at nice 0 for good rather than be
 //! stuck low.
 
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 /// The two priorities the shard writer moves between.
@@ -61,24 +71,50 @@ pub(crate) fn next(current: Class, backlog: usize, capacity: usize, behind: Dura
 
 /// The calling thread's priority, changed only when it must be.
 pub(crate) struct Priority {
-    current: Option<Class>,
+    /// The thread's class, shared with the watcher; `None` until set.
+    shared: Arc<Shared>,
     /// Whether a thread may return from the idle class to nice 0.
     can_lower: bool,
     /// When the writer last found the queue empty.
     caught_up: Instant,
 }
 
+/// What the writer and its watcher share.
+struct Shared {
+    /// The writer's thread id.
+    tid: libc::pid_t,
+    class: Mutex<Option<Class>>,
+}
+
 impl Priority {
-    /// A thread whose class has not been set yet.
-    pub(crate) fn new() -> Self {
+    /// A thread whose class has not been set yet. `busy_since` says since
+    /// when (µs of `crate::now_micros`, 0 for not) the writer has held a
+    /// batch; where the thread may come back from the idle class, a
+    /// watcher thread moves it to a fair share when that lasts
+    /// [`STARVED`].
+    pub(crate) fn new(busy_since: impl Fn() -> i64 + Send + 'static) -> Self {
         let can_lower = std::thread::Builder::new()
             .name("rollcall-probe".into())
-            .spawn(|| set(Class::Low) && set(Class::Fair))
+            .spawn(|| set(0, Class::Low) && set(0, Class::Fair))
             .ok()
             .and_then(|t| t.join().ok())
             .unwrap_or(false);
+        let shared = Arc::new(Shared {
+            // SAFETY: gettid has no preconditions.
+            tid: unsafe { libc::gettid() },
+            class: Mutex::new(None),
+        });
+        if can_lower {
+            let watched = Arc::downgrade(&shared);
+            let spawned = std::thread::Builder::new()
+                .name("rollcall-shard-watch".into())
+                .spawn(move || watch(watched, busy_since));
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "no watcher for the shard writer's priority");
+            }
+        }
         Self {
-            current: None,
+            shared,
             can_lower,
             caught_up: Instant::now(),
         }
@@ -90,20 +126,16 @@ impl Priority {
         if backlog == 0 {
             self.caught_up = now;
         }
+        let mut class = self.shared.class.lock().unwrap_or_else(|p| p.into_inner());
         let want = if self.can_lower {
             let behind = now.saturating_duration_since(self.caught_up);
-            next(
-                self.current.unwrap_or(Class::Low),
-                backlog,
-                capacity,
-                behind,
-            )
+            next(class.unwrap_or(Class::Low), backlog, capacity, behind)
         } else {
             Class::Fair
         };
-        if self.current != Some(want) {
-            set(want);
-            self.current = Some(want);
+        if *class != Some(want) {
+            set(0, want);
+            *class = Some(want);
         }
     }
 
@@ -114,17 +146,43 @@ impl Priority {
     }
 }
 
-/// Put the calling thread in `class`; false when the kernel refused.
-fn set(class: Class) -> bool {
+/// The watcher: every [`STARVED`], a writer in the idle class that has
+/// held a batch that long moves to a fair share. Ends with the writer.
+fn watch(shared: Weak<Shared>, busy_since: impl Fn() -> i64) {
+    let starved = i64::try_from(STARVED.as_micros()).unwrap_or(i64::MAX);
+    loop {
+        std::thread::sleep(STARVED);
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let since = busy_since();
+        if since == 0 || crate::now_micros() - since < starved {
+            continue;
+        }
+        let mut class = shared.class.lock().unwrap_or_else(|p| p.into_inner());
+        if *class == Some(Class::Low) && set(shared.tid, Class::Fair) {
+            *class = Some(Class::Fair);
+            tracing::debug!(
+                "the shard writer was starved in the idle class; moved to a fair share"
+            );
+        }
+    }
+}
+
+/// Put thread `tid` (0: the calling thread) in `class`; false when the
+/// kernel refused.
+fn set(tid: libc::pid_t, class: Class) -> bool {
     let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: both calls change only this thread (Linux keeps a policy and
-    // a nice value per thread, named by its id); `param` outlives the call.
+    // SAFETY: both calls change only the one thread (Linux keeps a policy
+    // and a nice value per thread, named by its id); `param` outlives the
+    // call.
     let ok = unsafe {
+        let tid = if tid == 0 { libc::gettid() } else { tid };
         match class {
-            Class::Low => libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) == 0,
+            Class::Low => libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param) == 0,
             Class::Fair => {
-                libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) == 0
-                    && libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 0) == 0
+                libc::sched_setscheduler(tid, libc::SCHED_BATCH, &param) == 0
+                    && libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 0) == 0
             }
         }
     };
@@ -163,7 +221,7 @@ mod tests {
             let policy = || unsafe { libc::sched_getscheduler(0) };
             let nice =
                 || unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) };
-            let mut p = Priority::new();
+            let mut p = Priority::new(|| 0);
             p.follow(0, 1024);
             if !p.can_lower {
                 assert_eq!((policy(), nice()), (libc::SCHED_BATCH, 0));
@@ -181,6 +239,43 @@ mod tests {
             p.caught_up = Instant::now() - STARVED;
             p.follow(3, 1024);
             assert_eq!((policy(), nice()), (libc::SCHED_BATCH, 0));
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// A writer that holds a batch for [`STARVED`] in the idle class is
+    /// moved to a fair share by the watcher, and one that holds none is
+    /// left alone.
+    #[test]
+    fn the_watcher_moves_a_writer_starved_in_a_batch() {
+        use std::sync::atomic::{AtomicI64, Ordering};
+        std::thread::spawn(|| {
+            let policy = || unsafe { libc::sched_getscheduler(0) };
+            let nice =
+                || unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) };
+            let busy = Arc::new(AtomicI64::new(0));
+            let seen = Arc::clone(&busy);
+            let mut p = Priority::new(move || seen.load(Ordering::Relaxed));
+            p.follow(0, 1024);
+            if !p.can_lower {
+                assert_eq!((policy(), nice()), (libc::SCHED_BATCH, 0));
+                return;
+            }
+            assert_eq!(policy(), libc::SCHED_IDLE);
+            std::thread::sleep(STARVED * 3);
+            assert_eq!(policy(), libc::SCHED_IDLE, "moved while holding no batch");
+            let long_ago = crate::now_micros() - 10 * STARVED.as_micros() as i64;
+            busy.store(long_ago, Ordering::Relaxed);
+            let give_up = Instant::now() + Duration::from_secs(30);
+            while policy() != libc::SCHED_BATCH && Instant::now() < give_up {
+                std::thread::sleep(STARVED / 4);
+            }
+            assert_eq!((policy(), nice()), (libc::SCHED_BATCH, 0));
+            // The writer's own next look starts from the class it is in.
+            busy.store(0, Ordering::Relaxed);
+            p.follow(0, 1024);
+            assert_eq!(policy(), libc::SCHED_IDLE);
         })
         .join()
         .unwrap();

@@ -9,6 +9,7 @@ use crate::record::pipeline::SegmentRows;
 use crate::record::row::CallRow;
 use crate::record::RecorderStats;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -104,9 +105,10 @@ pub(crate) fn run(
     mut set: ShardSet,
     mut feed: Option<FeedWriter>,
     mut q: Queues,
-    stats: &RecorderStats,
+    stats: &Arc<RecorderStats>,
 ) {
-    let mut priority = Priority::new();
+    let busy = Arc::clone(stats);
+    let mut priority = Priority::new(move || busy.shard_busy_since.load(Ordering::Relaxed));
     let capacity = q.rows.max_capacity();
     loop {
         let backlog = q.rows.len();
