@@ -196,6 +196,18 @@ fn set(tid: libc::pid_t, class: Class) -> bool {
 mod tests {
     use super::*;
 
+    /// The calling thread's scheduling policy.
+    fn policy() -> i32 {
+        // SAFETY: reads the calling thread's own policy.
+        unsafe { libc::sched_getscheduler(0) }
+    }
+
+    /// The calling thread's nice value.
+    fn nice() -> i32 {
+        // SAFETY: reads the calling thread's own nice value.
+        unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+    }
+
     #[test]
     fn moves_to_fair_at_a_quarter_or_when_starved_and_back_to_low_when_empty() {
         let now = Duration::ZERO;
@@ -218,9 +230,6 @@ mod tests {
     #[test]
     fn sets_the_calling_threads_priority() {
         std::thread::spawn(|| {
-            let policy = || unsafe { libc::sched_getscheduler(0) };
-            let nice =
-                || unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) };
             let mut p = Priority::new(|| 0);
             p.follow(0, 1024);
             if !p.can_lower {
@@ -251,9 +260,6 @@ mod tests {
     fn the_watcher_moves_a_writer_starved_in_a_batch() {
         use std::sync::atomic::{AtomicI64, Ordering};
         std::thread::spawn(|| {
-            let policy = || unsafe { libc::sched_getscheduler(0) };
-            let nice =
-                || unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) };
             let busy = Arc::new(AtomicI64::new(0));
             let seen = Arc::clone(&busy);
             let mut p = Priority::new(move || seen.load(Ordering::Relaxed));
