@@ -37,7 +37,7 @@
 //!   class while it keeps up and in the batch class at nice 0 once rows
 //!   back up (or wait 200 ms), so its bursts do not hold up a serving
 //!   thread; a watcher thread (`rollcall-shard-watch`) moves it there when
-//!   it has held one batch for 200 ms in the idle class, where it may not
+//!   it has held one batch for 5 s in the idle class, where it may not
 //!   run at all (`shard/priority.rs`).
 //!
 //! Nothing is dropped anywhere: both bounded queues block, so a slow disk or

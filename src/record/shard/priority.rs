@@ -23,8 +23,8 @@
 //! every core busy, so it cannot be the one to notice: under twenty
 //! harnesses it once held a batch for 53 s without reaching its next
 //! check. A watcher thread (`rollcall-shard-watch`) looks every
-//! [`STARVED`]: a writer that has held a batch that long in the idle class
-//! is moved to the batch class at nice 0 from outside (Linux keeps a
+//! [`STARVED`]: a writer that has held one batch for [`HELD`] in the idle
+//! class is moved to the batch class at nice 0 from outside (Linux keeps a
 //! policy per thread, named by its id). The writer's class is kept behind
 //! one lock that both take, so the two never disagree about it.
 //!
@@ -55,6 +55,15 @@ const BEHIND_DIVISOR: usize = 4;
 /// the queue empty (taking every row, or waiting for one), before it
 /// moves to a fair share.
 pub(crate) const STARVED: Duration = Duration::from_millis(200);
+
+/// How long a writer in the idle class may hold one batch before the
+/// watcher moves it to a fair share: short against the 30 s after which
+/// `/healthz` calls the stage stuck, and longer than a normal batch or
+/// shard publication takes. At 200 ms, wrk's p99 at 1 connection was worse
+/// in four interleaved rounds (0.53-4.1 ms against 0.44-0.51 ms without
+/// the watcher), most likely from writers moved in the middle of a slow
+/// publication, which then took the core from a serving thread.
+pub(crate) const HELD: Duration = Duration::from_secs(5);
 
 /// The class a writer now in `current` should run in, with `backlog` rows
 /// queued out of `capacity`, and `behind` since it last found the queue
@@ -90,8 +99,7 @@ impl Priority {
     /// A thread whose class has not been set yet. `busy_since` says since
     /// when (µs of `crate::now_micros`, 0 for not) the writer has held a
     /// batch; where the thread may come back from the idle class, a
-    /// watcher thread moves it to a fair share when that lasts
-    /// [`STARVED`].
+    /// watcher thread moves it to a fair share when that lasts [`HELD`].
     pub(crate) fn new(busy_since: impl Fn() -> i64 + Send + 'static) -> Self {
         let can_lower = std::thread::Builder::new()
             .name("rollcall-probe".into())
@@ -147,16 +155,17 @@ impl Priority {
 }
 
 /// The watcher: every [`STARVED`], a writer in the idle class that has
-/// held a batch that long moves to a fair share. Ends with the writer.
+/// held one batch for [`HELD`] moves to a fair share. Ends with the
+/// writer.
 fn watch(shared: Weak<Shared>, busy_since: impl Fn() -> i64) {
-    let starved = i64::try_from(STARVED.as_micros()).unwrap_or(i64::MAX);
+    let held = i64::try_from(HELD.as_micros()).unwrap_or(i64::MAX);
     loop {
         std::thread::sleep(STARVED);
         let Some(shared) = shared.upgrade() else {
             return;
         };
         let since = busy_since();
-        if since == 0 || crate::now_micros() - since < starved {
+        if since == 0 || crate::now_micros() - since < held {
             continue;
         }
         let mut class = shared.class.lock().unwrap_or_else(|p| p.into_inner());
@@ -253,9 +262,9 @@ mod tests {
         .unwrap();
     }
 
-    /// A writer that holds a batch for [`STARVED`] in the idle class is
-    /// moved to a fair share by the watcher, and one that holds none is
-    /// left alone.
+    /// A writer that holds a batch for [`HELD`] in the idle class is moved
+    /// to a fair share by the watcher, and one that holds none is left
+    /// alone.
     #[test]
     fn the_watcher_moves_a_writer_starved_in_a_batch() {
         use std::sync::atomic::{AtomicI64, Ordering};
@@ -271,7 +280,7 @@ mod tests {
             assert_eq!(policy(), libc::SCHED_IDLE);
             std::thread::sleep(STARVED * 3);
             assert_eq!(policy(), libc::SCHED_IDLE, "moved while holding no batch");
-            let long_ago = crate::now_micros() - 10 * STARVED.as_micros() as i64;
+            let long_ago = crate::now_micros() - 2 * HELD.as_micros() as i64;
             busy.store(long_ago, Ordering::Relaxed);
             let give_up = Instant::now() + Duration::from_secs(30);
             while policy() != libc::SCHED_BATCH && Instant::now() < give_up {
