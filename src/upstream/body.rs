@@ -1,5 +1,6 @@
-//! An upstream's answer, whichever client fetched it: hyper's own client
-//! for `http://` replicas, reqwest (with rustls) for `https://` ones.
+//! An upstream's answer, whichever client fetched it: hyper's HTTP/1
+//! connections for `http://` replicas, reqwest (with rustls) for
+//! `https://` ones.
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -12,8 +13,9 @@ pub type Response = http::Response<Body>;
 
 /// An upstream's body.
 pub enum Body {
-    /// From a plain-HTTP replica, read straight off hyper's connection.
-    Plain(hyper::body::Incoming),
+    /// From a plain-HTTP replica, read straight off hyper's connection,
+    /// which goes back to its pool when the body's end has been read.
+    Plain(hyper::body::Incoming, Option<super::plain::Held>),
     /// From a TLS replica, through reqwest.
     Tls(reqwest::Body),
 }
@@ -23,7 +25,15 @@ impl Body {
     pub async fn chunk(&mut self) -> Result<Option<Bytes>, ReadError> {
         loop {
             let frame = match self {
-                Body::Plain(b) => b.frame().await.map(|f| f.map_err(ReadError::from)),
+                Body::Plain(b, held) => {
+                    let frame = b.frame().await;
+                    if frame.is_none() {
+                        if let Some(h) = held.take() {
+                            h.release();
+                        }
+                    }
+                    frame.map(|f| f.map_err(ReadError::from))
+                }
                 Body::Tls(b) => b.frame().await.map(|f| f.map_err(ReadError::from)),
             };
             match frame {

@@ -5,27 +5,19 @@
 //! thread keeps its own clients, and with them its own connection pools.
 //!
 //! Plain-HTTP replicas (a model server on the host or in the cluster, the
-//! usual case) are called with hyper's own pooled client: reqwest wraps that
-//! same client, and its URL parsing, redirect and retry layers cost a call
-//! a few microseconds it does not need. `https://` replicas go through
-//! reqwest, with rustls and the platform's roots.
+//! usual case) are called over hyper's HTTP/1 connections, pooled per
+//! thread (`plain`): reqwest and hyper-util's pooled client cost a call
+//! microseconds it does not need (URL parsing, redirect and retry layers, a
+//! shared pool). `https://` replicas go through reqwest, with rustls and
+//! the platform's roots.
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use super::plain::{Conns, POOL_IDLE};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 /// Threads beyond this many share clients (round robin).
 const SLOTS: usize = 64;
-
-/// How long an idle pooled connection is kept.
-const POOL_IDLE: Duration = Duration::from_secs(90);
-
-/// The client for plain-HTTP replicas.
-pub(super) type Plain = hyper_util::client::legacy::Client<HttpConnector, Full<Bytes>>;
 
 /// How a route's clients are built.
 #[derive(Clone)]
@@ -49,18 +41,8 @@ impl ClientOptions {
             .build()
     }
 
-    fn plain(&self) -> Plain {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(self.connect_timeout));
-        // hyper neither follows redirects nor retries a request the server
-        // may have seen: only one a pooled connection closed under before
-        // sending it.
-        hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(self.pool_max_idle)
-            .pool_idle_timeout(POOL_IDLE)
-            .pool_timer(TokioTimer::new())
-            .build(connector)
+    fn plain(&self) -> Conns {
+        Conns::new(self.connect_timeout, self.pool_max_idle)
     }
 }
 
@@ -69,7 +51,7 @@ impl ClientOptions {
 /// milliseconds of a serving thread), which a route of plain-HTTP replicas,
 /// the usual case, never needs.
 pub(super) struct Pair {
-    pub plain: Plain,
+    pub plain: Conns,
     tls: OnceLock<reqwest::Client>,
 }
 

@@ -1,6 +1,6 @@
 //! Upstream routes: which model server a call goes to, and the client that
-//! takes it there (`clients`: hyper's own for plain HTTP, reqwest for
-//! https; `body`: the answer, whichever fetched it). A route is a pool of
+//! takes it there (`clients`: hyper's HTTP/1 connections, pooled per
+//! thread by `plain`, for plain HTTP; reqwest for https; `body`: the answer, whichever fetched it). A route is a pool of
 //! one or more replicas ([`pool`]).
 //! Connection errors are retried, on another replica when the pool has
 //! one; nothing else is (a model call is not idempotent once the server has
@@ -8,6 +8,7 @@
 
 mod body;
 mod clients;
+mod plain;
 pub mod pool;
 
 pub use body::{Body, ReadError, Response};
@@ -259,31 +260,34 @@ impl Route {
         }
     }
 
-    /// One try on a plain-HTTP replica, with hyper's client.
+    /// One try on a plain-HTTP replica, over this thread's connections to
+    /// it (`plain`).
     async fn send_plain(
         &self,
         replica: &pool::Replica,
         r: Request<'_>,
     ) -> Result<Response, Failed> {
+        let bad_url =
+            |e: String| Failed::Other(UpstreamError::Request(format!("bad upstream URL: {e}")));
+        let (Some(origin), Some(host)) = (&replica.origin, &replica.host) else {
+            return Err(bad_url("no host".into()));
+        };
         let uri = match replica.plain_endpoint(r.endpoint) {
             Some(u) => u.clone(),
             None => format!("{}{}", replica.url, r.endpoint)
                 .parse::<http::Uri>()
-                .map_err(|e| {
-                    Failed::Other(UpstreamError::Request(format!("bad upstream URL: {e}")))
-                })?,
+                .map_err(|e| bad_url(e.to_string()))
+                .and_then(|u| pool::origin_form(&u).ok_or_else(|| bad_url("no path".into())))?,
         };
         let mut req = http::Request::new(http_body_util::Full::new(r.body.clone()));
         *req.method_mut() = r.method.clone();
         *req.uri_mut() = uri;
         *req.headers_mut() = r.headers.clone();
-        if let Some(host) = &replica.host {
-            req.headers_mut().insert(http::header::HOST, host.clone());
-        }
-        let send = self.clients.get().plain.request(req);
+        req.headers_mut().insert(http::header::HOST, host.clone());
+        let send = self.clients.get().plain.send(origin, req);
         match tokio::time::timeout(self.response_timeout, send).await {
             Err(_) => Err(Failed::Other(UpstreamError::Timeout(self.response_timeout))),
-            Ok(Ok(resp)) => Ok(resp.map(Body::Plain)),
+            Ok(Ok((resp, held))) => Ok(resp.map(|b| Body::Plain(b, Some(held)))),
             Ok(Err(e)) if e.is_connect() => Err(Failed::Connect(error_chain(&e))),
             Ok(Err(e)) => Err(Failed::Other(UpstreamError::Request(error_chain(&e)))),
         }

@@ -60,10 +60,12 @@ pub struct Replica {
     pub redacted: String,
     /// The base URL + each of [`ENDPOINTS`].
     endpoints: Vec<(&'static str, reqwest::Url)>,
-    /// The same, for hyper's client, when the replica speaks plain HTTP.
+    /// The path and query of each, as an origin-form URI, when the replica
+    /// speaks plain HTTP (and is called over `plain`'s connections).
     plain: Vec<(&'static str, http::Uri)>,
-    /// The `Host` header hyper's client would derive from those URIs on
-    /// each call (a `format!` and a header check per call), made once.
+    /// Where its plain-HTTP connections go.
+    pub(super) origin: Option<Arc<super::plain::Origin>>,
+    /// The `Host` header for those calls, made once.
     pub host: Option<http::HeaderValue>,
     /// Calls in flight on it now.
     in_flight: AtomicUsize,
@@ -82,7 +84,7 @@ impl Replica {
                     .map_err(|err| format!("url {url:?}: {err}"))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let plain: Vec<(&'static str, http::Uri)> = endpoints
+        let absolute: Vec<(&'static str, http::Uri)> = endpoints
             .iter()
             // reqwest sends a URL's credentials as Basic auth; hyper does not.
             .filter(|(_, u)| {
@@ -90,12 +92,22 @@ impl Replica {
             })
             .filter_map(|(e, u)| Some((*e, u.as_str().parse().ok()?)))
             .collect();
-        let host = plain.first().and_then(|(_, u)| host_header(u));
+        let first = absolute.first().map(|(_, u)| u);
+        let host = first.and_then(host_header);
+        let origin = first.and_then(super::plain::Origin::of).map(Arc::new);
+        let plain = match origin {
+            Some(_) => absolute
+                .iter()
+                .filter_map(|(e, u)| Some((*e, origin_form(u)?)))
+                .collect(),
+            None => Vec::new(),
+        };
         Ok(Replica {
             url: url.to_owned(),
             redacted: crate::redact::redacted(url),
             endpoints,
             plain,
+            origin,
             host,
             in_flight: AtomicUsize::new(0),
             down_until: AtomicU64::new(0),
@@ -111,8 +123,8 @@ impl Replica {
             .map(|(_, u)| u)
     }
 
-    /// Its URI for one of the API endpoints, when it speaks plain HTTP
-    /// (and is then called with hyper's client).
+    /// Its origin-form URI (path and query) for one of the API endpoints,
+    /// when it speaks plain HTTP.
     pub fn plain_endpoint(&self, endpoint: &str) -> Option<&http::Uri> {
         self.plain
             .iter()
@@ -133,6 +145,12 @@ impl Replica {
 
 /// `Host` for a plain-HTTP URI, as hyper's client sets it: the host, and
 /// the port unless it is 80.
+/// The path and query of an absolute URI, as the URI an HTTP/1 request
+/// to its origin carries.
+pub(super) fn origin_form(u: &http::Uri) -> Option<http::Uri> {
+    Some(http::Uri::from(u.path_and_query()?.clone()))
+}
+
 fn host_header(u: &http::Uri) -> Option<http::HeaderValue> {
     let host = u.host()?;
     let value = match u.port_u16() {

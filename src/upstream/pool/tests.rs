@@ -239,8 +239,13 @@ fn plain_http_replicas_take_hyper_others_reqwest() {
         plain
             .plain_endpoint("/chat/completions")
             .map(|u| u.to_string()),
-        Some("http://10.0.0.1:8000/v1/chat/completions".to_owned())
+        Some("/v1/chat/completions".to_owned())
     );
+    assert_eq!(
+        plain.host.as_ref().map(|h| h.to_str().unwrap()),
+        Some("10.0.0.1:8000")
+    );
+    assert!(plain.origin.is_some());
     assert!(plain.plain_endpoint("/nope").is_none());
     // TLS, and credentials in the URL (reqwest sends them as Basic auth),
     // go through reqwest.
