@@ -6,7 +6,6 @@
 //! known text, and (optionally) no tools offered. The rules are data: each
 //! harness adapter lists its own, and the config may add more.
 
-use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::borrow::Cow;
@@ -47,35 +46,22 @@ struct Msg<'a> {
     content: Option<&'a RawValue>,
 }
 
-/// The first message that names a role. The messages after it are skipped
-/// unread: an agent's history is most of its request, and this runs on
-/// every call.
-struct FirstRole<'a>(Option<Msg<'a>>);
-
-impl<'de> Deserialize<'de> for FirstRole<'de> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> serde::de::Visitor<'de> for V {
-            type Value = FirstRole<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an array of messages")
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<FirstRole<'de>, A::Error> {
-                let mut first = None;
-                while let Some(m) = seq.next_element::<Msg<'de>>()? {
-                    if m.role.is_some() {
-                        first = Some(m);
-                        break;
-                    }
-                }
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(FirstRole(first))
-            }
+/// The first message of `messages` (a JSON array) that names a role. It
+/// reads message by message and stops there: the messages after it, most
+/// of an agent's request, are not read at all (skipping them would still
+/// scan every byte).
+fn first_role(messages: &str) -> Option<Msg<'_>> {
+    let mut rest = messages.trim_start().strip_prefix('[')?;
+    loop {
+        let mut one = serde_json::Deserializer::from_str(rest).into_iter::<Msg>();
+        let m = one.next()?.ok()?;
+        if m.role.is_some() {
+            return Some(m);
         }
-        d.deserialize_seq(V)
+        rest = rest
+            .get(one.byte_offset()..)?
+            .trim_start()
+            .strip_prefix(',')?;
     }
 }
 
@@ -112,9 +98,7 @@ impl<'a> Shape<'a> {
         if let Some(s) = self.system.or(self.instructions) {
             return Some(texts_of(s));
         }
-        let first = serde_json::from_str::<FirstRole>(self.messages?.get())
-            .ok()?
-            .0?;
+        let first = first_role(self.messages?.get())?;
         matches!(first.role, Some("system" | "developer"))
             .then(|| first.content.map(texts_of).unwrap_or_default())
     }
@@ -183,5 +167,10 @@ mod tests {
             br#"{"messages":[7,{"role":"system","content":"You are a title generator"}]}"#
         ));
         assert!(!is_side_call(&[], chat));
+        // Whitespace between messages; no messages at all.
+        let spaced = br#"{"messages": [ {"content":"x"} ,
+            {"role":"system","content":"You are a title generator"} ]}"#;
+        assert!(is_side_call(&rules(), spaced));
+        assert!(!is_side_call(&rules(), br#"{"messages":[ ]}"#));
     }
 }
