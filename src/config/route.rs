@@ -51,7 +51,8 @@ pub struct RouteConfig {
     /// Retries on connection errors (nothing else is retried).
     #[serde(default = "defaults::connect_retries")]
     pub connect_retries: u32,
-    /// Idle pooled connections kept per upstream host.
+    /// Idle connections kept per replica by each serving thread (each one
+    /// closed after 90 s idle).
     #[serde(default = "defaults::pool_max_idle")]
     pub pool_max_idle: usize,
     /// What kind of server the upstream is; it decides which wire APIs it
