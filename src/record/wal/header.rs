@@ -30,8 +30,18 @@ impl<'a> Obj<'a> {
         self.buf
     }
 
+    /// A string field. Most need no escape (ids, names, a user agent):
+    /// those are copied between quotes, without `serde_json`'s byte-by-byte
+    /// escape writer (about 1.8k instructions per call for nine of them).
     fn str(&mut self, name: &str, v: &str) -> Result<(), serde_json::Error> {
-        serde_json::to_writer(self.key(name), v)
+        let buf = self.key(name);
+        if v.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+            return serde_json::to_writer(buf, v);
+        }
+        buf.push(b'"');
+        buf.extend_from_slice(v.as_bytes());
+        buf.push(b'"');
+        Ok(())
     }
 
     fn opt_str(&mut self, name: &str, v: Option<&str>) -> Result<(), serde_json::Error> {
@@ -142,7 +152,9 @@ mod tests {
             wire_api: api,
             route: full.then(|| "default".into()),
             model: full.then(|| "m\t\u{7f}\u{2028}".into()),
-            upstream_model: full.then(|| "up".into()),
+            // Nothing to escape, but not ASCII: `serde_json` leaves DEL
+            // and U+2028 as they are.
+            upstream_model: full.then(|| "up\u{7f}é\u{2028}".into()),
             stream: full,
             received_at: i64::MAX,
             user_agent: full.then(|| "codex/1 (\"x\")".into()),
