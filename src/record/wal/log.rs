@@ -37,8 +37,9 @@ pub(crate) struct Log {
     pub(super) segment: u64,
     /// Calls and finishes begun in each live segment and not yet published.
     pub(super) unpublished: BTreeMap<u64, u64>,
-    /// In-flight calls: their begin record and the segment it is in.
-    pub(super) pending: HashMap<String, (u64, Arc<CallBegin>)>,
+    /// In-flight calls: their begin record and the segment it is in. Keyed
+    /// by call ids, which rollcall makes (UUIDv7), so a fast hasher will do.
+    pub(super) pending: HashMap<String, (u64, Arc<CallBegin>), foldhash::fast::RandomState>,
     /// Set once the writer has stopped taking calls: an inline write then
     /// fails, and the call goes the (closed) thread's way.
     pub(super) closed: bool,
@@ -58,7 +59,7 @@ impl Log {
             written: 0,
             segment,
             unpublished: BTreeMap::from([(segment, 0)]),
-            pending: HashMap::new(),
+            pending: HashMap::default(),
             closed: false,
         }
     }
