@@ -9,7 +9,7 @@ use crate::dialect::{ApiError, WireApi};
 use crate::http::{bytes_response, ProxyBody};
 use crate::record::{CallBegin, CallOutcome, CallStatus, FailureClass, RecordError};
 use crate::redact::redacted;
-use crate::server::metrics::{ApiLabel, CallLabels, ClassLabel};
+use crate::server::metrics::ClassLabel;
 use bytes::Bytes;
 use http::Response;
 use std::sync::Arc;
@@ -105,16 +105,8 @@ impl Call {
 
     fn count(&self, status: CallStatus, class: Option<FailureClass>) {
         let m = &self.state.metrics;
-        let wire_api = self.api.as_str();
-        m.calls
-            .get_or_create(&CallLabels {
-                wire_api,
-                status: status.as_str(),
-            })
-            .inc();
-        m.duration
-            .get_or_create(&ApiLabel { wire_api })
-            .observe(self.started.elapsed().as_secs_f64());
+        m.count_call(self.api, status);
+        m.observe_duration(self.api, self.started.elapsed().as_secs_f64());
         if let Some(class) = class {
             m.errors
                 .get_or_create(&ClassLabel {
@@ -298,11 +290,7 @@ impl Call {
             self.first_byte_at = Some(crate::now_micros());
             self.state
                 .metrics
-                .ttfb
-                .get_or_create(&ApiLabel {
-                    wire_api: self.api.as_str(),
-                })
-                .observe(self.started.elapsed().as_secs_f64());
+                .observe_ttfb(self.api, self.started.elapsed().as_secs_f64());
         }
     }
 }
