@@ -1,7 +1,8 @@
 //! Upstream routes: which model server a call goes to, and the client that
 //! takes it there (`clients`: hyper's HTTP/1 connections, pooled per
-//! thread by `plain`, for plain HTTP; reqwest for https; `body`: the answer, whichever fetched it). A route is a pool of
-//! one or more replicas ([`pool`]).
+//! thread by `plain`, for plain HTTP; reqwest for https; `body`: the
+//! answer, whichever fetched it). A route is a pool of one or more
+//! replicas ([`pool`]).
 //! Connection errors are retried, on another replica when the pool has
 //! one; nothing else is (a model call is not idempotent once the server has
 //! seen it).

@@ -143,14 +143,14 @@ impl Replica {
     }
 }
 
-/// `Host` for a plain-HTTP URI, as hyper's client sets it: the host, and
-/// the port unless it is 80.
 /// The path and query of an absolute URI, as the URI an HTTP/1 request
 /// to its origin carries.
 pub(super) fn origin_form(u: &http::Uri) -> Option<http::Uri> {
     Some(http::Uri::from(u.path_and_query()?.clone()))
 }
 
+/// `Host` for a plain-HTTP URI, as hyper-util's client set it: the host,
+/// and the port unless it is 80.
 fn host_header(u: &http::Uri) -> Option<http::HeaderValue> {
     let host = u.host()?;
     let value = match u.port_u16() {
