@@ -36,8 +36,8 @@ from urllib.parse import quote
 import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 import rollcall_harness as h
@@ -209,6 +209,21 @@ def view(recorded):
     proc.kill()
 
 
+def gone(element) -> bool:
+    """The element has left the page: stale, or (while Chrome swaps one
+    document for the next) a node its inspector no longer finds, which
+    chromedriver reports as an unknown error, not as a stale element."""
+    try:
+        element.is_enabled()
+        return False
+    except StaleElementReferenceException:
+        return True
+    except WebDriverException as e:
+        if "does not belong to the document" in (e.msg or ""):
+            return True
+        raise
+
+
 class Browser:
     """Headless Chromium: each step loads or clicks, waits for the page,
     saves a screenshot and fails on any console error."""
@@ -245,7 +260,7 @@ class Browser:
         old = self.driver.find_element(By.TAG_NAME, "html")
         element.click()
         if navigates:
-            WebDriverWait(self.driver, 30).until(expected_conditions.staleness_of(old))
+            WebDriverWait(self.driver, 30).until(lambda _: gone(old))
         self.settle(shot)
 
     def settle(self, shot: str):
