@@ -48,6 +48,24 @@ struct Series {
     ttfb: [OnceLock<Histogram>; 4],
 }
 
+/// Observe `secs` in `family`'s series for `api`, through the handle kept
+/// in `kept`.
+fn observe(
+    kept: &[OnceLock<Histogram>; 4],
+    family: &Family<ApiLabel, Histogram, fn() -> Histogram>,
+    api: WireApi,
+    secs: f64,
+) {
+    kept[api as usize]
+        .get_or_init(|| {
+            let label = ApiLabel {
+                wire_api: api.as_str(),
+            };
+            family.get_or_create(&label).clone()
+        })
+        .observe(secs);
+}
+
 pub struct Metrics {
     registry: Registry,
     calls: Family<CallLabels, Counter>,
@@ -87,26 +105,12 @@ impl Metrics {
 
     /// A call's time from request to the end of its response.
     pub fn observe_duration(&self, api: WireApi, secs: f64) {
-        self.series.duration[api as usize]
-            .get_or_init(|| {
-                let label = ApiLabel {
-                    wire_api: api.as_str(),
-                };
-                self.duration.get_or_create(&label).clone()
-            })
-            .observe(secs);
+        observe(&self.series.duration, &self.duration, api, secs);
     }
 
     /// A call's time from request to the upstream's first byte.
     pub fn observe_ttfb(&self, api: WireApi, secs: f64) {
-        self.series.ttfb[api as usize]
-            .get_or_init(|| {
-                let label = ApiLabel {
-                    wire_api: api.as_str(),
-                };
-                self.ttfb.get_or_create(&label).clone()
-            })
-            .observe(secs);
+        observe(&self.series.ttfb, &self.ttfb, api, secs);
     }
 
     pub fn new(stats: Arc<RecorderStats>) -> Self {

@@ -14,14 +14,18 @@ enum After {
     Vanish,
 }
 
+/// The origin of a replica at `addr`, as a route's URL gives it.
+fn origin_at(addr: std::net::SocketAddr) -> Arc<Origin> {
+    let uri: http::Uri = format!("http://{addr}/v1").parse().unwrap();
+    Arc::new(Origin::of(&uri).unwrap())
+}
+
 /// A loopback HTTP/1.1 server written against the bytes, not with hyper:
 /// it answers each request head with `200` and `ok`, and counts the
 /// connections it accepted.
 async fn server(after: After) -> (Arc<Origin>, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let uri: http::Uri = format!("http://{}/v1", listener.local_addr().unwrap())
-        .parse()
-        .unwrap();
+    let origin = origin_at(listener.local_addr().unwrap());
     let accepted = Arc::new(AtomicUsize::new(0));
     let count = accepted.clone();
     tokio::spawn(async move {
@@ -53,7 +57,7 @@ async fn server(after: After) -> (Arc<Origin>, Arc<AtomicUsize>) {
             });
         }
     });
-    (Arc::new(Origin::of(&uri).unwrap()), accepted)
+    (origin, accepted)
 }
 
 fn request() -> http::Request<Full<Bytes>> {
@@ -129,9 +133,7 @@ fn thread_server(
 ) -> (Arc<Origin>, Arc<AtomicUsize>) {
     use std::io::{Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let uri: http::Uri = format!("http://{}/v1", listener.local_addr().unwrap())
-        .parse()
-        .unwrap();
+    let origin = origin_at(listener.local_addr().unwrap());
     let accepted = Arc::new(AtomicUsize::new(0));
     let count = accepted.clone();
     let read_head = |s: &mut std::net::TcpStream| {
@@ -160,7 +162,7 @@ fn thread_server(
             }
         }
     });
-    (Arc::new(Origin::of(&uri).unwrap()), accepted)
+    (origin, accepted)
 }
 
 #[tokio::test]
@@ -217,11 +219,8 @@ async fn the_sweep_closes_connections_idle_too_long() {
 #[tokio::test]
 async fn a_refused_connection_is_a_connect_error() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let uri: http::Uri = format!("http://{}/v1", listener.local_addr().unwrap())
-        .parse()
-        .unwrap();
+    let origin = origin_at(listener.local_addr().unwrap());
     drop(listener);
-    let origin = Arc::new(Origin::of(&uri).unwrap());
     let e = call(&conns(8), &origin, true).await.unwrap_err();
     assert!(e.is_connect(), "{e:?}");
     assert!(
