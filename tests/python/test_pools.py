@@ -221,7 +221,10 @@ def test_a_pool_of_embedded_model_replicas_keeps_affinity_and_fails_over(gguf, m
     try:
         urls = [p.url for p in procs]
         proxy = make_proxy(toml=pool_toml(urls, extra='kind = "vllm"'))
-        rollouts = [f"emb-{i}" for i in range(6)]
+        # The ring's split follows the replicas' random ports: with 6
+        # rollouts, all of them landed on one replica about once in 32 runs;
+        # with 16, once in 32,768.
+        rollouts = [f"emb-{i}" for i in range(16)]
 
         def turn(r: str, t: int) -> None:
             body = {"model": "smol", "max_tokens": 4, "temperature": 0, "stream": t % 2 == 1,
