@@ -16,6 +16,11 @@
 //! LiteLLM is two orders of magnitude slower: it runs only at 64 connections
 //! and 1 connection, for a shorter time.
 //!
+//! Each process's CPU per call is also split into user space and kernel,
+//! and rollcall's by kind of thread (its serving threads, where the WAL is
+//! written inline, against the shard writer and the WAL's helpers), so
+//! that a gap can be traced to the side that makes it.
+//!
 //! Environment: `BENCH_QUICK=1` shortens every phase; `LITELLM_VENV` points
 //! at a virtualenv with `litellm[proxy]` (default `.venv-litellm`);
 //! `WRK` and `NGINX` name the binaries (default: found on `PATH`).
@@ -24,7 +29,7 @@
 mod common;
 
 use common::{scripted_upstream, spawn, Proc};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -64,6 +69,8 @@ struct Target {
     pid: Option<u32>,
     /// LiteLLM: 64 connections and 1 connection only, shorter runs.
     slow: bool,
+    /// rollcall: its CPU is also counted by kind of thread.
+    by_thread: bool,
 }
 
 /// nginx with `proxy_pass` to the upstream over kept-alive connections,
@@ -370,11 +377,49 @@ fn clock_ticks() -> f64 {
     (unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64).max(1.0)
 }
 
-/// CPU seconds (user + system, every thread) used so far by process `root`
-/// and all its descendants (nginx's workers, LiteLLM's), from /proc.
-fn tree_cpu(root: u32) -> f64 {
+/// CPU seconds used so far: in user space, and in the kernel.
+#[derive(Clone, Copy, Default)]
+struct Cpu {
+    user: f64,
+    kernel: f64,
+}
+
+impl Cpu {
+    fn total(self) -> f64 {
+        self.user + self.kernel
+    }
+
+    fn since(self, before: Cpu) -> Cpu {
+        Cpu {
+            user: self.user - before.user,
+            kernel: self.kernel - before.kernel,
+        }
+    }
+}
+
+/// The fields of a `/proc/.../stat` line after the command name (which may
+/// hold spaces), from the state on.
+fn stat_fields(stat: &str) -> Vec<u64> {
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    rest.split_whitespace()
+        .map(|v| v.parse::<u64>().unwrap_or(0))
+        .collect()
+}
+
+/// A stat line's CPU (utime and stime, fields 14 and 15).
+fn stat_cpu(f: &[u64]) -> Cpu {
+    let tick = |i: usize| f.get(i).copied().unwrap_or(0) as f64 / clock_ticks();
+    Cpu {
+        user: tick(11),
+        kernel: tick(12),
+    }
+}
+
+/// CPU used so far by process `root` and all its descendants (nginx's
+/// workers, LiteLLM's), every thread, from /proc.
+fn tree_cpu(root: u32) -> Cpu {
     let mut parent = HashMap::new();
-    let mut ticks = HashMap::new();
+    let mut cpu = HashMap::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
@@ -382,20 +427,42 @@ fn tree_cpu(root: u32) -> f64 {
         let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
             continue;
         };
-        // Fields after the command name (which may hold spaces) start at state.
-        let rest = s.rsplit_once(')').map_or("", |(_, r)| r);
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        parent.insert(pid, num(1) as u32);
-        ticks.insert(pid, num(11) + num(12));
+        let f = stat_fields(&s);
+        parent.insert(pid, f.get(1).copied().unwrap_or(0) as u32);
+        cpu.insert(pid, stat_cpu(&f));
     }
-    let mut total = 0;
+    let mut total = Cpu::default();
     let mut todo = vec![root];
     while let Some(p) = todo.pop() {
-        total += ticks.get(&p).copied().unwrap_or(0);
+        let c = cpu.get(&p).copied().unwrap_or_default();
+        total = Cpu {
+            user: total.user + c.user,
+            kernel: total.kernel + c.kernel,
+        };
         todo.extend(parent.iter().filter(|(_, pp)| **pp == p).map(|(c, _)| *c));
     }
-    total as f64 / clock_ticks()
+    total
+}
+
+/// CPU seconds used so far by each kind of thread of process `pid`: its
+/// threads by name, with a trailing number dropped (`rollcall-serve-0` and
+/// `rollcall-serve-1` are one kind; Linux keeps 15 bytes of a name).
+fn threads_cpu(pid: u32) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"));
+    for e in tasks.into_iter().flatten().flatten() {
+        let dir = e.path();
+        let (Ok(name), Ok(stat)) = (
+            std::fs::read_to_string(dir.join("comm")),
+            std::fs::read_to_string(dir.join("stat")),
+        ) else {
+            continue;
+        };
+        let kind = name.trim().trim_end_matches(|c: char| c.is_ascii_digit());
+        let kind = kind.trim_end_matches('-').to_string();
+        *out.entry(kind).or_default() += stat_cpu(&stat_fields(&stat)).total();
+    }
+    out
 }
 
 /// CPU seconds used by this process's waited-for children: only wrk is
@@ -434,7 +501,7 @@ fn wrk_script(dir: &Path, name: &str, body: &str, headers: &[(String, String)]) 
     p
 }
 
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Default)]
 struct Run {
     calls_per_sec: f64,
     calls: u64,
@@ -446,6 +513,10 @@ struct Run {
     cpu_proxy: Option<f64>,
     cpu_upstream: f64,
     cpu_wrk: f64,
+    /// The proxy's CPU µs per call in the kernel (the rest is user space).
+    cpu_proxy_kernel: Option<f64>,
+    /// A `by_thread` target's CPU µs per call, by kind of thread.
+    cpu_threads: BTreeMap<String, f64>,
 }
 
 /// `12.34us`, `1.20ms`, `2.00s`, `1.00m` → seconds.
@@ -490,10 +561,15 @@ impl Wrk<'_> {
         mut during: impl FnMut(&Target),
     ) -> (Run, String) {
         let threads = if conns == 1 { 1 } else { 2 };
+        let by_thread = |t: &Target| match t.pid {
+            Some(pid) if t.by_thread => threads_cpu(pid),
+            _ => BTreeMap::new(),
+        };
         let cpu0 = (
             t.pid.map(tree_cpu),
             tree_cpu(self.upstream_pid),
             children_cpu(),
+            by_thread(t),
         );
         let mut child = Command::new(&self.bin)
             .arg(format!("-t{threads}"))
@@ -522,6 +598,7 @@ impl Wrk<'_> {
             t.pid.map(tree_cpu),
             tree_cpu(self.upstream_pid),
             children_cpu(),
+            by_thread(t),
         );
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let fail = |why: &str| -> ! {
@@ -570,9 +647,16 @@ impl Wrk<'_> {
             fail(&format!("calls failed: {}", errors.trim()));
         }
         let per = |a: f64, b: f64| (b - a) / r.calls as f64 * 1e6;
-        r.cpu_proxy = cpu0.0.zip(cpu1.0).map(|(a, b)| per(a, b));
-        r.cpu_upstream = per(cpu0.1, cpu1.1);
+        let proxy = cpu0.0.zip(cpu1.0).map(|(a, b)| b.since(a));
+        r.cpu_proxy = proxy.map(|c| per(0.0, c.total()));
+        r.cpu_proxy_kernel = proxy.map(|c| per(0.0, c.kernel));
+        r.cpu_upstream = per(cpu0.1.total(), cpu1.1.total());
         r.cpu_wrk = per(cpu0.2, cpu1.2);
+        r.cpu_threads = cpu1
+            .3
+            .iter()
+            .map(|(k, b)| (k.clone(), per(cpu0.3.get(k).copied().unwrap_or(0.0), *b)))
+            .collect();
         (r, errors)
     }
 }
@@ -683,6 +767,7 @@ fn bench() {
             headers: vec![],
             pid: None,
             slow: false,
+            by_thread: false,
         },
         Target {
             name: "nginx",
@@ -690,6 +775,7 @@ fn bench() {
             headers: vec![],
             pid: Some(nginx.child.id()),
             slow: false,
+            by_thread: false,
         },
         Target {
             name: "hyper",
@@ -697,6 +783,7 @@ fn bench() {
             headers: vec![],
             pid: Some(fwd.child.id()),
             slow: false,
+            by_thread: false,
         },
         Target {
             name: "rollcall",
@@ -704,6 +791,7 @@ fn bench() {
             headers: vec![],
             pid: Some(px.child.id()),
             slow: false,
+            by_thread: true,
         },
     ];
     if let Some(l) = &lite {
@@ -713,6 +801,7 @@ fn bench() {
             headers: vec![("Authorization".into(), format!("Bearer {}", l.key))],
             pid: Some(l.child.id()),
             slow: true,
+            by_thread: false,
         });
     }
 
@@ -852,6 +941,50 @@ fn bench() {
                     med(c, t.name, &|r| r.cpu_wrk).unwrap()
                 )
             },
+        );
+    }
+    for c in [64, 256] {
+        row(
+            &format!("proxy CPU µs per call at {c} connections: user space / kernel"),
+            &|t| {
+                if !runs.contains_key(&(c, t.name)) {
+                    return not_run();
+                }
+                if t.pid.is_none() {
+                    return "—".into();
+                }
+                let total = med(c, t.name, &|r| r.cpu_proxy.unwrap_or_default()).unwrap();
+                let kernel = med(c, t.name, &|r| r.cpu_proxy_kernel.unwrap_or_default()).unwrap();
+                format!("{:.0} / {kernel:.0}", total - kernel)
+            },
+        );
+    }
+    // Where rollcall's CPU goes: its serving threads (the proxy path, the
+    // WAL written inline) and its recording stages.
+    for c in [64, 256] {
+        let Some(rs) = runs.get(&(c, "rollcall")) else {
+            continue;
+        };
+        let kinds: BTreeMap<&str, ()> = rs
+            .iter()
+            .flat_map(|r| r.cpu_threads.keys().map(|k| (k.as_str(), ())))
+            .collect();
+        let each: Vec<String> = kinds
+            .keys()
+            .map(|k| {
+                let v = median(
+                    rs.iter()
+                        .map(|r| r.cpu_threads.get(*k).copied().unwrap_or(0.0))
+                        .collect(),
+                );
+                (k, v)
+            })
+            .filter(|(_, v)| *v >= 0.05)
+            .map(|(k, v)| format!("{k} {v:.1}"))
+            .collect();
+        println!(
+            "\nrollcall CPU µs per call at {c} connections, by thread: {}",
+            each.join(", ")
         );
     }
 
