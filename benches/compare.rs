@@ -953,9 +953,10 @@ fn bench() {
                 if t.pid.is_none() {
                     return "—".into();
                 }
-                let total = med(c, t.name, &|r| r.cpu_proxy.unwrap_or_default()).unwrap();
-                let kernel = med(c, t.name, &|r| r.cpu_proxy_kernel.unwrap_or_default()).unwrap();
-                format!("{:.0} / {kernel:.0}", total - kernel)
+                let kernel = |r: &Run| r.cpu_proxy_kernel.unwrap_or_default();
+                let user = med(c, t.name, &|r| r.cpu_proxy.unwrap_or_default() - kernel(r));
+                let kernel = med(c, t.name, &kernel);
+                format!("{:.0} / {:.0}", user.unwrap(), kernel.unwrap())
             },
         );
     }
