@@ -128,6 +128,11 @@ impl Server {
         builder
             .max_header_size(state.server.max_header_bytes)
             .max_buf_size(state.server.max_header_bytes.max(8192))
+            // Head and body in one buffer and one write(2), not writev(2):
+            // answers are mostly small, and in an interleaved A/B at 64 and
+            // 256 connections (both sides flattened) the proxy spent 3-4 %
+            // less CPU per call.
+            .writev(false)
             .timer(TokioTimer::new())
             .header_read_timeout(Duration::from_secs(30));
         let grace = Duration::from_secs(state.server.shutdown_grace_secs);
