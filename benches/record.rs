@@ -1,5 +1,7 @@
 //! Criterion benches of the recording path: assembling a row, writing rows
-//! to a Parquet shard (rows/s), WAL framing, and stream scanning per event.
+//! to a Parquet shard (rows/s), the shard thread's whole work for each call
+//! of `make bench`'s proxy comparison, WAL framing, and stream scanning per
+//! event.
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -70,6 +72,21 @@ fn call(i: usize) -> CompletedCall {
     }
 }
 
+/// A whole (not streamed) Chat Completions call the size of `make bench`'s:
+/// what the shard thread handles for each call the proxy bench sends.
+fn whole_call(i: usize) -> CompletedCall {
+    let mut c = call(i);
+    let request = br#"{"model":"bench","stream":false,"messages":[{"role":"system","content":"You are a coding agent."},{"role":"user","content":"List the files in the repository."}]}"#;
+    let response = format!(
+        r#"{{"id":"chatcmpl-scripted-{i}","object":"chat.completion","created":1700000000,"model":"bench","choices":[{{"index":0,"message":{{"role":"assistant","content":"Reply to: List the files in the repository."}},"finish_reason":"stop","logprobs":null}}],"usage":{{"prompt_tokens":6,"completion_tokens":43,"total_tokens":49,"prompt_tokens_details":{{"cached_tokens":0}},"completion_tokens_details":{{"reasoning_tokens":0}}}}}}"#
+    );
+    let begin = Arc::get_mut(&mut c.begin).expect("not shared");
+    begin.meta.stream = false;
+    begin.request = Bytes::from_static(request);
+    c.response = Bytes::from(response);
+    c
+}
+
 fn benches(c: &mut Criterion) {
     let calls: Vec<CompletedCall> = (0..1024).map(call).collect();
     let mut g = c.benchmark_group("record");
@@ -100,6 +117,20 @@ fn benches(c: &mut Criterion) {
             w.publish().unwrap()
         })
     });
+    let whole: Vec<CompletedCall> = (0..4096).map(whole_call).collect();
+    g.throughput(Throughput::Elements(whole.len() as u64));
+    g.bench_function(
+        "shard thread per whole call (build + write, 4096 rows + publish)",
+        |b| {
+            b.iter(|| {
+                let mut w = ShardWriter::<CallRow>::new(&cfg).unwrap();
+                for c in &whole {
+                    w.push(CallRow::build(c), 0).unwrap();
+                }
+                w.publish().unwrap()
+            })
+        },
+    );
     g.finish();
 
     let body = stream_body(64);
