@@ -458,7 +458,10 @@ fn write_batches(w: &mut Writer, q: &mut WalQueues) {
 fn encode_begin(buf: &mut Vec<u8>, begin: &CallBegin) {
     let up = begin.upstream_request.as_deref().unwrap_or(&[]);
     // Request bodies are capped far below a frame's limit (config validation).
-    let meta = |buf: &mut Vec<u8>| header::meta(buf, &begin.meta);
+    let meta = |buf: &mut Vec<u8>| {
+        header::meta(buf, &begin.meta);
+        Ok(())
+    };
     let _ = frame::encode_with(buf, Kind::Begin, meta, &begin.request, up);
 }
 
@@ -469,7 +472,10 @@ fn encode_end(
     response: &[u8],
     upstream: Option<&[u8]>,
 ) -> std::io::Result<()> {
-    let header = |buf: &mut Vec<u8>| header::outcome(buf, outcome);
+    let header = |buf: &mut Vec<u8>| {
+        header::outcome(buf, outcome);
+        Ok(())
+    };
     frame::encode_with(buf, Kind::End, header, response, upstream.unwrap_or(&[]))
         .map_err(std::io::Error::other)
 }

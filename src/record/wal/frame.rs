@@ -2,8 +2,9 @@
 //! segment's bytes are read back.
 //!
 //! Frame: `b"RCW1" | kind u8 | header_len u32 | blob_a_len u32 | blob_b_len u32 |
-//! crc32 u32 | header (JSON) | blob_a | blob_b`, integers little-endian, the
-//! CRC over everything after itself. A torn tail (a frame cut by a crash)
+//! crc32 u32 | header | blob_a | blob_b`, integers little-endian, the
+//! CRC over everything after itself. A call frame's header is packed
+//! (`header`); a finish frame's is JSON. A torn tail (a frame cut by a crash)
 //! fails its length or CRC check; replay then looks for the next frame's
 //! magic and goes on from there, so one damaged frame costs only itself.
 

@@ -2,6 +2,7 @@
 //! append by the writer, listed and decoded by replay.
 
 use super::frame::{decode_all, Kind};
+use super::header;
 use crate::record::{CallMeta, CallOutcome, RolloutFinish};
 use bytes::Bytes;
 use std::fs::{File, OpenOptions};
@@ -73,13 +74,13 @@ pub fn read_segment(path: &Path) -> std::io::Result<SegmentContents> {
     for f in frames {
         match f.kind {
             Kind::Begin => {
-                if let Ok(meta) = serde_json::from_slice(&f.header) {
+                if let Some(meta) = header::read_meta(&f.header) {
                     let up = (!f.b.is_empty()).then(|| Bytes::from(f.b));
                     out.begins.push((meta, Bytes::from(f.a), up));
                 }
             }
             Kind::End => {
-                if let Ok(o) = serde_json::from_slice(&f.header) {
+                if let Some(o) = header::read_outcome(&f.header) {
                     let up = (!f.b.is_empty()).then(|| Bytes::from(f.b));
                     out.ends.push((o, Bytes::from(f.a), up));
                 }
