@@ -34,13 +34,11 @@ impl Put<'_> {
         self.0.extend_from_slice(s.as_bytes());
     }
 
-    fn opt_str(&mut self, s: Option<&str>) {
-        match s {
-            Some(s) => {
-                self.0.push(1);
-                self.str(s);
-            }
-            None => self.0.push(0),
+    /// A tag byte, then the value (written by `put`) when there is one.
+    fn opt<T>(&mut self, v: Option<T>, put: impl FnOnce(&mut Self, T)) {
+        self.0.push(u8::from(v.is_some()));
+        if let Some(v) = v {
+            put(self, v);
         }
     }
 
@@ -50,16 +48,6 @@ impl Put<'_> {
 
     fn i64(&mut self, n: i64) {
         self.0.extend_from_slice(&n.to_le_bytes());
-    }
-
-    fn opt_i64(&mut self, n: Option<i64>) {
-        match n {
-            Some(n) => {
-                self.0.push(1);
-                self.i64(n);
-            }
-            None => self.0.push(0),
-        }
     }
 
     fn u32(&mut self, n: u32) {
@@ -97,12 +85,9 @@ impl<'a> Take<'a> {
         self.str().map(str::to_owned)
     }
 
-    fn opt_string(&mut self) -> Option<Option<String>> {
-        Some(if self.tag()? {
-            Some(self.string()?)
-        } else {
-            None
-        })
+    /// A tag byte, then the value (read by `read`) when there is one.
+    fn opt<T>(&mut self, read: impl FnOnce(&mut Self) -> Option<T>) -> Option<Option<T>> {
+        Some(if self.tag()? { Some(read(self)?) } else { None })
     }
 
     /// An enum, by its serde name.
@@ -113,20 +98,8 @@ impl<'a> Take<'a> {
         T::deserialize(de).ok()
     }
 
-    fn opt_named<T: DeserializeOwned>(&mut self) -> Option<Option<T>> {
-        Some(if self.tag()? {
-            Some(self.named()?)
-        } else {
-            None
-        })
-    }
-
     fn i64(&mut self) -> Option<i64> {
         self.bytes().map(i64::from_le_bytes)
-    }
-
-    fn opt_i64(&mut self) -> Option<Option<i64>> {
-        Some(if self.tag()? { Some(self.i64()?) } else { None })
     }
 
     fn u32(&mut self) -> Option<u32> {
@@ -151,15 +124,15 @@ pub fn meta(buf: &mut Vec<u8>, m: &CallMeta) {
     p.str(&m.rollout_id);
     p.i64(m.sequence);
     p.str(m.wire_api.as_str());
-    p.opt_str(m.route.as_deref());
-    p.opt_str(m.model.as_deref());
-    p.opt_str(m.upstream_model.as_deref());
+    p.opt(m.route.as_deref(), Put::str);
+    p.opt(m.model.as_deref(), Put::str);
+    p.opt(m.upstream_model.as_deref(), Put::str);
     p.bool(m.stream);
     p.i64(m.received_at);
-    p.opt_str(m.user_agent.as_deref());
-    p.opt_str(m.upstream_api.map(|a| a.as_str()));
+    p.opt(m.user_agent.as_deref(), Put::str);
+    p.opt(m.upstream_api.map(|a| a.as_str()), Put::str);
     p.u32(m.attempt);
-    p.opt_i64(m.attempt_of);
+    p.opt(m.attempt_of, Put::i64);
     p.bool(m.side_call);
 }
 
@@ -169,15 +142,15 @@ pub fn outcome(buf: &mut Vec<u8>, c: &CallOutcome) {
     let mut p = Put(buf);
     p.str(&c.call_id);
     p.str(c.status.as_str());
-    p.opt_i64(c.http_status.map(i64::from));
-    p.opt_str(c.failure_class.map(|f| f.as_str()));
-    p.opt_str(c.failure_message.as_deref());
-    p.opt_i64(c.first_byte_at);
+    p.opt(c.http_status.map(i64::from), Put::i64);
+    p.opt(c.failure_class.map(|f| f.as_str()), Put::str);
+    p.opt(c.failure_message.as_deref(), Put::str);
+    p.opt(c.first_byte_at, Put::i64);
     p.i64(c.done_at);
-    p.opt_str(c.replica.as_deref());
+    p.opt(c.replica.as_deref(), Put::str);
     p.bool(c.repinned);
-    p.opt_i64(c.policy_version);
-    p.opt_i64(c.policy_version_end);
+    p.opt(c.policy_version, Put::i64);
+    p.opt(c.policy_version_end, Put::i64);
     p.u32(c.resent);
     p.u32(u32::try_from(c.continued.len()).unwrap_or(u32::MAX));
     for k in &c.continued {
@@ -212,15 +185,15 @@ pub fn read_meta(header: &[u8]) -> Option<CallMeta> {
             rollout_id: t.string()?,
             sequence: t.i64()?,
             wire_api: t.named()?,
-            route: t.opt_string()?,
-            model: t.opt_string()?,
-            upstream_model: t.opt_string()?,
+            route: t.opt(Take::string)?,
+            model: t.opt(Take::string)?,
+            upstream_model: t.opt(Take::string)?,
             stream: t.tag()?,
             received_at: t.i64()?,
-            user_agent: t.opt_string()?,
-            upstream_api: t.opt_named()?,
+            user_agent: t.opt(Take::string)?,
+            upstream_api: t.opt(Take::named)?,
             attempt: t.u32()?,
-            attempt_of: t.opt_i64()?,
+            attempt_of: t.opt(Take::i64)?,
             side_call: t.tag()?,
         })
     })
@@ -231,7 +204,7 @@ pub fn read_outcome(header: &[u8]) -> Option<CallOutcome> {
     read(header, |t| {
         let call_id = t.string()?;
         let status = t.named()?;
-        let http_status = match t.opt_i64()? {
+        let http_status = match t.opt(Take::i64)? {
             Some(n) => Some(u16::try_from(n).ok()?),
             None => None,
         };
@@ -239,14 +212,14 @@ pub fn read_outcome(header: &[u8]) -> Option<CallOutcome> {
             call_id,
             status,
             http_status,
-            failure_class: t.opt_named()?,
-            failure_message: t.opt_string()?,
-            first_byte_at: t.opt_i64()?,
+            failure_class: t.opt(Take::named)?,
+            failure_message: t.opt(Take::string)?,
+            first_byte_at: t.opt(Take::i64)?,
             done_at: t.i64()?,
-            replica: t.opt_string()?,
+            replica: t.opt(Take::string)?,
             repinned: t.tag()?,
-            policy_version: t.opt_i64()?,
-            policy_version_end: t.opt_i64()?,
+            policy_version: t.opt(Take::i64)?,
+            policy_version_end: t.opt(Take::i64)?,
             resent: t.u32()?,
             continued: Vec::new(),
         };
