@@ -6,6 +6,7 @@ mod canonical;
 pub mod capture;
 pub mod chat;
 pub mod completions;
+pub mod head;
 pub mod messages;
 pub mod responses;
 pub mod side_call;

@@ -8,7 +8,6 @@
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use std::borrow::Cow;
 
 /// What a side call looks like.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -21,22 +20,31 @@ pub struct Rule {
     pub tools: Option<bool>,
 }
 
-/// The parts of a request body a rule looks at, borrowed from the body
-/// (not parsed into a tree): a caller that already reads the body's head
-/// fills it in the same pass.
-#[derive(Deserialize, Default)]
+/// The parts of a request body a rule looks at, as their JSON texts
+/// borrowed from the body (not parsed into a tree): a caller that already
+/// reads the body's head fills it in the same pass (`head`).
+#[derive(Default)]
 pub struct Shape<'a> {
-    #[serde(borrow, default)]
-    pub tools: Option<&'a RawValue>,
+    pub tools: Option<&'a str>,
     /// Messages' top-level system prompt (a string or text blocks).
-    #[serde(borrow, default)]
-    pub system: Option<&'a RawValue>,
+    pub system: Option<&'a str>,
     /// Responses' system prompt.
-    #[serde(borrow, default)]
-    pub instructions: Option<&'a RawValue>,
+    pub instructions: Option<&'a str>,
     /// Chat Completions' (and Messages') messages.
+    pub messages: Option<&'a str>,
+}
+
+/// [`Shape`] as `serde` reads it from a whole body.
+#[derive(Deserialize)]
+struct RawShape<'a> {
     #[serde(borrow, default)]
-    pub messages: Option<&'a RawValue>,
+    tools: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    system: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    instructions: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    messages: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -68,39 +76,103 @@ fn first_role(messages: &str) -> Option<Msg<'_>> {
 #[derive(Deserialize)]
 struct Block<'a> {
     #[serde(borrow, default)]
-    text: Cow<'a, str>,
+    text: Option<&'a RawValue>,
 }
 
-/// The text of a string, or of each of an array of text blocks, borrowed
-/// from the body where it has no escapes (a system prompt is often many KB).
-fn texts_of(v: &RawValue) -> Vec<Cow<'_, str>> {
-    let text = v.get();
-    if let Ok(s) = serde_json::from_str::<&str>(text) {
-        return vec![Cow::Borrowed(s)];
+/// The texts of a string, or of each of an array of text blocks, as the
+/// JSON string tokens they are in the body (quotes and escapes included):
+/// a system prompt is often many KB, and a rule reads only its start.
+fn texts_of(text: &str) -> Vec<&str> {
+    let text = text.trim();
+    if text.starts_with('"') {
+        return vec![text];
     }
-    if let Ok(s) = serde_json::from_str::<String>(text) {
-        return vec![Cow::Owned(s)];
+    let Ok(blocks) = serde_json::from_str::<Vec<Block>>(text) else {
+        return Vec::new();
+    };
+    let tokens: Option<Vec<&str>> = blocks
+        .iter()
+        .map(|b| match b.text.map(RawValue::get) {
+            None => Some("\"\""),
+            Some(t) => t.starts_with('"').then_some(t),
+        })
+        .collect();
+    tokens.unwrap_or_default()
+}
+
+/// Does the JSON string token `token`, decoded, start with `prefix` after
+/// leading whitespace? It decodes only as far as the comparison needs.
+fn starts_with(token: &str, prefix: &str) -> bool {
+    let Some(inner) = token.strip_prefix('"').and_then(|t| t.strip_suffix('"')) else {
+        return false;
+    };
+    let mut text = Unescape(inner.chars()).skip_while(|c| c.is_whitespace());
+    prefix.chars().all(|p| text.next() == Some(p))
+}
+
+/// The characters of a JSON string's content, its escapes decoded; it
+/// ends early at a malformed escape (or a lone surrogate, which `serde`
+/// also refuses).
+struct Unescape<'a>(std::str::Chars<'a>);
+
+impl Unescape<'_> {
+    fn hex(&mut self) -> Option<u32> {
+        (0..4).try_fold(0, |n, _| Some(n * 16 + self.0.next()?.to_digit(16)?))
     }
-    serde_json::from_str::<Vec<Block>>(text)
-        .map(|b| b.into_iter().map(|b| b.text).collect())
-        .unwrap_or_default()
+}
+
+impl Iterator for Unescape<'_> {
+    type Item = char;
+
+    fn next(&mut self) -> Option<char> {
+        let c = self.0.next()?;
+        if c != '\\' {
+            return Some(c);
+        }
+        Some(match self.0.next()? {
+            'n' => '\n',
+            't' => '\t',
+            'r' => '\r',
+            'b' => '\u{8}',
+            'f' => '\u{c}',
+            '"' => '"',
+            '\\' => '\\',
+            '/' => '/',
+            'u' => {
+                let hi = self.hex()?;
+                if (0xD800..0xDC00).contains(&hi) {
+                    if (self.0.next()?, self.0.next()?) != ('\\', 'u') {
+                        return None;
+                    }
+                    let lo = self.hex()?;
+                    if !(0xDC00..0xE000).contains(&lo) {
+                        return None;
+                    }
+                    char::from_u32(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00))?
+                } else {
+                    char::from_u32(hi)?
+                }
+            }
+            _ => return None,
+        })
+    }
 }
 
 impl<'a> Shape<'a> {
     fn has_tools(&self) -> bool {
         self.tools
-            .is_some_and(|t| !matches!(t.get().trim(), "null" | "[]"))
+            .is_some_and(|t| !matches!(t.trim(), "null" | "[]"))
     }
 
     /// The system prompt's texts (a string, or its blocks), wherever this
     /// API keeps it.
-    fn system_prompt(&self) -> Option<Vec<Cow<'a, str>>> {
+    fn system_prompt(&self) -> Option<Vec<&'a str>> {
         if let Some(s) = self.system.or(self.instructions) {
             return Some(texts_of(s));
         }
-        let first = first_role(self.messages?.get())?;
+        let first = first_role(self.messages?)?;
         matches!(first.role, Some("system" | "developer"))
-            .then(|| first.content.map(texts_of).unwrap_or_default())
+            .then(|| first.content.map(|c| texts_of(c.get())).unwrap_or_default())
     }
 }
 
@@ -109,7 +181,15 @@ pub fn is_side_call(rules: &[Rule], body: &[u8]) -> bool {
     if rules.is_empty() {
         return false;
     }
-    serde_json::from_slice::<Shape>(body).is_ok_and(|s| matches(rules, &s))
+    serde_json::from_slice::<RawShape>(body).is_ok_and(|s| {
+        let shape = Shape {
+            tools: s.tools.map(RawValue::get),
+            system: s.system.map(RawValue::get),
+            instructions: s.instructions.map(RawValue::get),
+            messages: s.messages.map(RawValue::get),
+        };
+        matches(rules, &shape)
+    })
 }
 
 /// Does a request of this shape match one of `rules`?
@@ -121,9 +201,7 @@ pub fn matches(rules: &[Rule], shape: &Shape) -> bool {
         return false;
     };
     rules.iter().any(|r| {
-        system
-            .iter()
-            .any(|t| t.trim_start().starts_with(r.system_prefix.as_str()))
+        system.iter().any(|t| starts_with(t, &r.system_prefix))
             && r.tools.is_none_or(|t| t == shape.has_tools())
     })
 }
@@ -172,5 +250,49 @@ mod tests {
             {"role":"system","content":"You are a title generator"} ]}"#;
         assert!(is_side_call(&rules(), spaced));
         assert!(!is_side_call(&rules(), br#"{"messages":[ ]}"#));
+    }
+
+    /// The JSON string token of `s`, each character written raw or as a
+    /// `\u` escape (a surrogate pair above the BMP) as `escape` says.
+    fn token(s: &str, escape: &[bool]) -> String {
+        let mut t = String::from("\"");
+        for (i, c) in s.chars().enumerate() {
+            let must = c == '"' || c == '\\' || c < ' ';
+            if must || escape.get(i).copied().unwrap_or(false) {
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    t.push_str(&format!("\\u{u:04x}"));
+                }
+            } else {
+                t.push(c);
+            }
+        }
+        t.push('"');
+        t
+    }
+
+    proptest::proptest! {
+        /// A prefix is matched on the decoded text, as `serde` decodes it.
+        #[test]
+        fn starts_with_decodes_as_serde_does(
+            s in "[ \t\n]{0,3}[a-zé\"\\\\\n😀 ]{0,12}",
+            prefix in "[a-zé\"\\\\\n😀 ]{0,4}",
+            escape in proptest::collection::vec(proptest::bool::ANY, 16),
+        ) {
+            let t = token(&s, &escape);
+            let decoded: String = serde_json::from_str(&t).unwrap();
+            proptest::prop_assert_eq!(&decoded, &s);
+            proptest::prop_assert_eq!(starts_with(&t, &prefix), s.trim_start().starts_with(&prefix));
+            let short = serde_json::to_string(&s).unwrap();
+            proptest::prop_assert_eq!(starts_with(&short, &prefix), s.trim_start().starts_with(&prefix));
+        }
+    }
+
+    #[test]
+    fn malformed_escapes_and_lone_surrogates_match_nothing() {
+        for t in [r#""\ud800x""#, r#""\udc00""#, r#""\q""#, r#""\u12""#, "abc"] {
+            assert!(!starts_with(t, "x") && !starts_with(t, "a"), "{t}");
+        }
+        assert!(starts_with(r#""\ud83d\ude00!""#, "😀!"));
     }
 }

@@ -5,6 +5,7 @@
 use super::error::ProxyError;
 use super::State;
 use crate::dialect::capture::{self, Asked, CaptureKind};
+use crate::dialect::head::{self, Head};
 use crate::dialect::WireApi;
 use crate::dialect::{side_call, translate};
 use crate::record::{CallBegin, CallMeta, RequestSpans};
@@ -86,22 +87,6 @@ impl Prepared {
     }
 }
 
-/// What the proxy reads of a request in one pass: the route's key, the
-/// answer's shape, and what tells a side call.
-#[derive(Deserialize)]
-struct Head<'a> {
-    model: Option<serde_json::Value>,
-    stream: Option<bool>,
-    #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    system: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    instructions: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    messages: Option<&'a RawValue>,
-}
-
 /// Prepare a call whose metadata `meta` holds; on failure, the call's begin
 /// (with what was read of it) comes back with the error, to be recorded.
 pub async fn prepare(
@@ -122,7 +107,7 @@ pub async fn prepare(
             return Err((begin($meta, request, None), $e))
         };
     }
-    let head: Head = match serde_json::from_slice(&request) {
+    let head = match Head::read(&request) {
         Ok(h) => h,
         Err(e) => bail!(meta, ProxyError::InvalidJson(e)),
     };
@@ -132,17 +117,18 @@ pub async fn prepare(
         Some(other) => bail!(meta, ProxyError::InvalidModel(other)),
     };
     meta.stream = head.stream.unwrap_or(false);
-    let spans = RequestSpans {
-        messages: span(&request, head.messages),
-        tools: span(&request, head.tools),
-    };
+    let text = |span| head::text(&request, span);
     let shape = side_call::Shape {
-        tools: head.tools,
-        system: head.system,
-        instructions: head.instructions,
-        messages: head.messages,
+        tools: text(head.tools.as_ref()),
+        system: text(head.system.as_ref()),
+        instructions: text(head.instructions.as_ref()),
+        messages: text(head.messages.as_ref()),
     };
     meta.side_call = side_call::matches(&state.rollouts.side_calls, &shape);
+    let spans = RequestSpans {
+        messages: head.messages,
+        tools: head.tools,
+    };
     meta.model = model.clone();
     let Some(route) = state.routes.select(model.as_deref()).cloned() else {
         bail!(meta, ProxyError::NoRoute(model));
@@ -227,14 +213,6 @@ fn begin(meta: CallMeta, request: Bytes, upstream_request: Option<Bytes>) -> Cal
         upstream_request,
         spans: None,
     }
-}
-
-/// Where `value`, read from `body`, lies in it.
-fn span(body: &[u8], value: Option<&RawValue>) -> Option<std::ops::Range<usize>> {
-    let text = value?.get();
-    let start = (text.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
-    let end = start + text.len();
-    (end <= body.len()).then_some(start..end)
 }
 
 /// Read the harness's request body: at most `max` bytes, with no silence
@@ -352,15 +330,14 @@ mod tests {
         ];
         for (body, messages, tools) in cases {
             let b = body.as_bytes();
-            let head: Head = serde_json::from_slice(b).unwrap();
+            let head = Head::read(b).unwrap();
             let spans = RequestSpans {
-                messages: span(b, head.messages),
-                tools: span(b, head.tools),
+                messages: head.messages,
+                tools: head.tools,
             };
             let (m, t) = spans.texts(b).unwrap();
             assert_eq!((m.as_str(), t.as_deref()), (*messages, *tools), "{body}");
         }
-        assert_eq!(span(b"{}", None), None);
         let bad = RequestSpans {
             messages: Some(2..9),
             tools: None,
