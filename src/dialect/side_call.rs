@@ -75,8 +75,15 @@ fn first_role(messages: &str) -> Option<Msg<'_>> {
 
 #[derive(Deserialize)]
 struct Block<'a> {
-    #[serde(borrow, default)]
-    text: Option<&'a RawValue>,
+    /// A block without text reads as an empty one; one whose text is not
+    /// a string (`null` included) leaves the prompt without texts.
+    #[serde(borrow, default = "no_text")]
+    text: &'a RawValue,
+}
+
+fn no_text() -> &'static RawValue {
+    static EMPTY: std::sync::OnceLock<Box<RawValue>> = std::sync::OnceLock::new();
+    EMPTY.get_or_init(|| RawValue::from_string("\"\"".to_owned()).unwrap_or_default())
 }
 
 /// The texts of a string, or of each of an array of text blocks, as the
@@ -92,10 +99,7 @@ fn texts_of(text: &str) -> Vec<&str> {
     };
     let tokens: Option<Vec<&str>> = blocks
         .iter()
-        .map(|b| match b.text.map(RawValue::get) {
-            None => Some("\"\""),
-            Some(t) => t.starts_with('"').then_some(t),
-        })
+        .map(|b| Some(b.text.get()).filter(|t| t.starts_with('"')))
         .collect();
     tokens.unwrap_or_default()
 }
@@ -250,6 +254,15 @@ mod tests {
             {"role":"system","content":"You are a title generator"} ]}"#;
         assert!(is_side_call(&rules(), spaced));
         assert!(!is_side_call(&rules(), br#"{"messages":[ ]}"#));
+        // A block without text is an empty text; one with a null text
+        // leaves the prompt without texts, as a failed parse did.
+        let any = [Rule {
+            system_prefix: String::new(),
+            tools: None,
+        }];
+        assert!(is_side_call(&any, br#"{"system":[{"type":"text"}]}"#));
+        assert!(!is_side_call(&any, br#"{"system":[{"text":null}]}"#));
+        assert!(!is_side_call(&any, br#"{"system":[{"text":7}]}"#));
     }
 
     /// The JSON string token of `s`, each character written raw or as a
