@@ -11,6 +11,7 @@
 //! bench's 160-byte request, `serde` took 3.6k instructions per call.
 
 use super::canonical::{Scan, Span};
+use super::side_call::Shape;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -33,16 +34,32 @@ pub struct Head {
 impl Head {
     /// Read the head of `body`, which must be one JSON object.
     pub fn read(body: &[u8]) -> Result<Head, serde_json::Error> {
-        match std::str::from_utf8(body).ok().and_then(scan) {
-            Some(h) => Ok(h),
-            None => by_serde(body),
+        match std::str::from_utf8(body) {
+            Ok(text) => Head::read_text(text),
+            // Not UTF-8, so not JSON: `serde` says where.
+            Err(_) => by_serde(body),
         }
     }
-}
 
-/// The text of a span of `body`, which [`Head::read`] found there.
-pub fn text<'a>(body: &'a [u8], span: Option<&Span>) -> Option<&'a str> {
-    std::str::from_utf8(body.get(span?.clone())?).ok()
+    /// [`Head::read`] of a body already known to be UTF-8.
+    pub fn read_text(body: &str) -> Result<Head, serde_json::Error> {
+        match scan(body) {
+            Some(h) => Ok(h),
+            None => by_serde(body.as_bytes()),
+        }
+    }
+
+    /// What the side-call rules look at: the texts of `body`, the body
+    /// this head was read from.
+    pub fn shape<'a>(&self, body: &'a str) -> Shape<'a> {
+        let text = |span: &Option<Span>| body.get(span.clone()?);
+        Shape {
+            tools: text(&self.tools),
+            system: text(&self.system),
+            instructions: text(&self.instructions),
+            messages: text(&self.messages),
+        }
+    }
 }
 
 fn scan(text: &str) -> Option<Head> {
@@ -122,7 +139,7 @@ mod tests {
 
     fn texts(body: &str) -> Option<[Option<String>; 4]> {
         let h = Head::read(body.as_bytes()).ok()?;
-        let t = |s: &Option<Span>| text(body.as_bytes(), s.as_ref()).map(str::to_owned);
+        let t = |s: &Option<Span>| body.get(s.clone()?).map(str::to_owned);
         Some([
             t(&h.tools),
             t(&h.system),

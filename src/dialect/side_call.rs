@@ -6,6 +6,7 @@
 //! known text, and (optionally) no tools offered. The rules are data: each
 //! harness adapter lists its own, and the config may add more.
 
+use super::head::Head;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -22,7 +23,7 @@ pub struct Rule {
 
 /// The parts of a request body a rule looks at, as their JSON texts
 /// borrowed from the body (not parsed into a tree): a caller that already
-/// reads the body's head fills it in the same pass (`head`).
+/// reads the body's head fills it in the same pass ([`Head::shape`]).
 #[derive(Default)]
 pub struct Shape<'a> {
     pub tools: Option<&'a str>,
@@ -32,19 +33,6 @@ pub struct Shape<'a> {
     pub instructions: Option<&'a str>,
     /// Chat Completions' (and Messages') messages.
     pub messages: Option<&'a str>,
-}
-
-/// [`Shape`] as `serde` reads it from a whole body.
-#[derive(Deserialize)]
-struct RawShape<'a> {
-    #[serde(borrow, default)]
-    tools: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    system: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    instructions: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    messages: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -185,15 +173,10 @@ pub fn is_side_call(rules: &[Rule], body: &[u8]) -> bool {
     if rules.is_empty() {
         return false;
     }
-    serde_json::from_slice::<RawShape>(body).is_ok_and(|s| {
-        let shape = Shape {
-            tools: s.tools.map(RawValue::get),
-            system: s.system.map(RawValue::get),
-            instructions: s.instructions.map(RawValue::get),
-            messages: s.messages.map(RawValue::get),
-        };
-        matches(rules, &shape)
-    })
+    let Ok(text) = std::str::from_utf8(body) else {
+        return false;
+    };
+    Head::read_text(text).is_ok_and(|h| matches(rules, &h.shape(text)))
 }
 
 /// Does a request of this shape match one of `rules`?

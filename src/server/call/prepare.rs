@@ -5,7 +5,7 @@
 use super::error::ProxyError;
 use super::State;
 use crate::dialect::capture::{self, Asked, CaptureKind};
-use crate::dialect::head::{self, Head};
+use crate::dialect::head::Head;
 use crate::dialect::WireApi;
 use crate::dialect::{side_call, translate};
 use crate::record::{CallBegin, CallMeta, RequestSpans};
@@ -107,24 +107,20 @@ pub async fn prepare(
             return Err((begin($meta, request, None), $e))
         };
     }
-    let head = match Head::read(&request) {
+    // Validated once: the head's spans are then read as texts of it.
+    let text = std::str::from_utf8(&request).ok();
+    let mut head = match text.map_or_else(|| Head::read(&request), Head::read_text) {
         Ok(h) => h,
         Err(e) => bail!(meta, ProxyError::InvalidJson(e)),
     };
-    let model = match head.model {
+    let model = match head.model.take() {
         Some(serde_json::Value::String(m)) => Some(m),
         None => None,
         Some(other) => bail!(meta, ProxyError::InvalidModel(other)),
     };
     meta.stream = head.stream.unwrap_or(false);
-    let text = |span| head::text(&request, span);
-    let shape = side_call::Shape {
-        tools: text(head.tools.as_ref()),
-        system: text(head.system.as_ref()),
-        instructions: text(head.instructions.as_ref()),
-        messages: text(head.messages.as_ref()),
-    };
-    meta.side_call = side_call::matches(&state.rollouts.side_calls, &shape);
+    meta.side_call =
+        text.is_some_and(|t| side_call::matches(&state.rollouts.side_calls, &head.shape(t)));
     let spans = RequestSpans {
         messages: head.messages,
         tools: head.tools,
