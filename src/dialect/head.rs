@@ -1,7 +1,8 @@
 //! What the proxy reads of a request before it sends it, in one pass over
 //! the body: the route's key (`model`), the answer's shape (`stream`), and
 //! where the values lie that the row and the side-call rules look at
-//! (`messages`, `tools`, `system`, `instructions`).
+//! (`messages`, `tools`, `system`, `instructions`, and the first message
+//! that names a role).
 //!
 //! A body in `serde_json`'s compact form (what JavaScript's
 //! `JSON.stringify` and most SDKs send) is read by [`Scan`]; any other,
@@ -11,7 +12,7 @@
 //! bench's 160-byte request, `serde` took 3.6k instructions per call.
 
 use super::canonical::{Scan, Span};
-use super::side_call::Shape;
+use super::side_call::{FirstMessage, Shape};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -29,6 +30,17 @@ pub struct Head {
     pub instructions: Option<Span>,
     /// Chat Completions' (and Messages') messages.
     pub messages: Option<Span>,
+    /// Where the first message that names a role lies, when [`Scan`] read
+    /// the body (`Some(None)`: no message does); see [`FirstMessage`].
+    pub first_message: Option<Option<MessageAt>>,
+}
+
+/// Where a message's role (its string's content) and content (unless
+/// absent or `null`) lie.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MessageAt {
+    pub role: Span,
+    pub content: Option<Span>,
 }
 
 impl Head {
@@ -53,11 +65,27 @@ impl Head {
     /// this head was read from.
     pub fn shape<'a>(&self, body: &'a str) -> Shape<'a> {
         let text = |span: &Option<Span>| body.get(span.clone()?);
+        let first = |m: &MessageAt| {
+            Some(FirstMessage {
+                role: body.get(m.role.clone())?,
+                content: match &m.content {
+                    Some(c) => Some(body.get(c.clone())?),
+                    None => None,
+                },
+            })
+        };
         Shape {
             tools: text(&self.tools),
             system: text(&self.system),
             instructions: text(&self.instructions),
             messages: text(&self.messages),
+            // A span outside `body` (a head read from another body) leaves
+            // the search to `side_call`.
+            first_message: match &self.first_message {
+                Some(Some(m)) => first(m).map(Some),
+                Some(None) => Some(None),
+                None => None,
+            },
         }
     }
 }
@@ -90,7 +118,14 @@ fn scan(text: &str) -> Option<Head> {
             b"tools" => &mut h.tools,
             b"system" => &mut h.system,
             b"instructions" => &mut h.instructions,
-            b"messages" => &mut h.messages,
+            b"messages" => {
+                let (v, first) = messages(s)?;
+                if s.text(v.clone()) != "null" {
+                    h.messages = Some(v);
+                    h.first_message = Some(first);
+                }
+                return Some(());
+            }
             _ => return s.value().map(drop),
         };
         let v = s.value()?;
@@ -98,6 +133,50 @@ fn scan(text: &str) -> Option<Head> {
         Some(())
     })?;
     s.done().then_some(h)
+}
+
+/// Read `messages`: where it lies, and its first message that names a
+/// role, as `side_call`'s `serde` reading finds it: a value before it
+/// that is not an object, or whose role is neither `null` nor a string
+/// without escapes, ends the search with none, as does a `messages` that
+/// is not an array.
+fn messages(s: &mut Scan) -> Option<(Span, Option<MessageAt>)> {
+    let start = s.at();
+    if s.peek()? != b'[' {
+        return Some((s.value()?, None));
+    }
+    let mut first: Option<Option<MessageAt>> = None;
+    s.array(|s, _| {
+        if first.is_some() {
+            return s.value().map(drop);
+        }
+        if s.peek()? != b'{' {
+            first = Some(None);
+            return s.value().map(drop);
+        }
+        let (mut role, mut content, mut bad) = (None, None, false);
+        s.object(|s, key| {
+            let v = s.value()?;
+            let t = s.text(v.clone());
+            match key {
+                b"role" if t == "null" => {}
+                b"role" if t.starts_with('"') && !t.contains('\\') => {
+                    role = Some(v.start + 1..v.end - 1);
+                }
+                b"role" => bad = true,
+                b"content" if t != "null" => content = Some(v),
+                _ => {}
+            }
+            Some(())
+        })?;
+        if bad {
+            first = Some(None);
+        } else if let Some(role) = role {
+            first = Some(Some(MessageAt { role, content }));
+        }
+        Some(())
+    })?;
+    Some((start..s.at(), first.flatten()))
 }
 
 #[derive(Deserialize)]
@@ -129,6 +208,7 @@ fn by_serde(body: &[u8]) -> Result<Head, serde_json::Error> {
         system: span(r.system),
         instructions: span(r.instructions),
         messages: span(r.messages),
+        first_message: None,
     })
 }
 
@@ -200,8 +280,12 @@ mod tests {
             if let Some(m) = messages { o.insert("messages".into(), m); }
             let v = Value::Object(o);
             let body = if pretty { serde_json::to_vec_pretty(&v) } else { serde_json::to_vec(&v) }.unwrap();
-            let fast = Head::read(&body).unwrap();
+            let mut fast = Head::read(&body).unwrap();
             let slow = by_serde(&body).unwrap();
+            // Only the scan finds the first message on its way (side_call's
+            // tests check it against serde's reading).
+            prop_assert!(fast.first_message.is_none() || (!pretty && fast.messages.is_some()));
+            fast.first_message = None;
             prop_assert_eq!(fast, slow);
         }
     }

@@ -33,6 +33,19 @@ pub struct Shape<'a> {
     pub instructions: Option<&'a str>,
     /// Chat Completions' (and Messages') messages.
     pub messages: Option<&'a str>,
+    /// The first message that names a role, where the head's reader found
+    /// it on its way (`Some(None)`: none does, as [`first_role`] would
+    /// say); `None`: [`first_role`] reads it from `messages` when asked.
+    pub first_message: Option<Option<FirstMessage<'a>>>,
+}
+
+/// The first message of a request's messages that names a role: the
+/// role's text (a string without escapes), and the content's JSON text
+/// unless it is absent or `null`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FirstMessage<'a> {
+    pub role: &'a str,
+    pub content: Option<&'a str>,
 }
 
 #[derive(Deserialize)]
@@ -42,17 +55,20 @@ struct Msg<'a> {
     content: Option<&'a RawValue>,
 }
 
-/// The first message of `messages` (a JSON array) that names a role. It
-/// reads message by message and stops there: the messages after it, most
-/// of an agent's request, are not read at all (skipping them would still
-/// scan every byte).
-fn first_role(messages: &str) -> Option<Msg<'_>> {
+/// The first message of `messages` (a JSON array) that names a role, by
+/// `serde`, for a head that `Scan` did not read (which finds it on its
+/// way). It reads message by message and stops there: the messages after
+/// it, most of an agent's request, are not read at all.
+fn first_role(messages: &str) -> Option<FirstMessage<'_>> {
     let mut rest = messages.trim_start().strip_prefix('[')?;
     loop {
         let mut one = serde_json::Deserializer::from_str(rest).into_iter::<Msg>();
         let m = one.next()?.ok()?;
-        if m.role.is_some() {
-            return Some(m);
+        if let Some(role) = m.role {
+            return Some(FirstMessage {
+                role,
+                content: m.content.map(RawValue::get),
+            });
         }
         rest = rest
             .get(one.byte_offset()..)?
@@ -162,9 +178,12 @@ impl<'a> Shape<'a> {
         if let Some(s) = self.system.or(self.instructions) {
             return Some(texts_of(s));
         }
-        let first = first_role(self.messages?)?;
-        matches!(first.role, Some("system" | "developer"))
-            .then(|| first.content.map(|c| texts_of(c.get())).unwrap_or_default())
+        let first = match self.first_message {
+            Some(first) => first,
+            None => first_role(self.messages?),
+        }?;
+        matches!(first.role, "system" | "developer")
+            .then(|| first.content.map(texts_of).unwrap_or_default())
     }
 }
 
@@ -181,16 +200,21 @@ pub fn is_side_call(rules: &[Rule], body: &[u8]) -> bool {
 
 /// Does a request of this shape match one of `rules`?
 pub fn matches(rules: &[Rule], shape: &Shape) -> bool {
-    if rules.is_empty() {
+    // The tools condition first: it costs nothing, and an agent's turn
+    // (which offers tools) fails every shipped rule on it, so its system
+    // prompt is not looked for.
+    let tools = shape.has_tools();
+    let mut rules = rules
+        .iter()
+        .filter(|r| r.tools.is_none_or(|t| t == tools))
+        .peekable();
+    if rules.peek().is_none() {
         return false;
     }
     let Some(system) = shape.system_prompt() else {
         return false;
     };
-    rules.iter().any(|r| {
-        system.iter().any(|t| starts_with(t, &r.system_prefix))
-            && r.tools.is_none_or(|t| t == shape.has_tools())
-    })
+    rules.any(|r| system.iter().any(|t| starts_with(t, &r.system_prefix)))
 }
 
 #[cfg(test)]
@@ -246,6 +270,11 @@ mod tests {
         assert!(is_side_call(&any, br#"{"system":[{"type":"text"}]}"#));
         assert!(!is_side_call(&any, br#"{"system":[{"text":null}]}"#));
         assert!(!is_side_call(&any, br#"{"system":[{"text":7}]}"#));
+        // Messages that are not a list; a role with an escape, which
+        // `serde` does not read as a role.
+        assert!(!is_side_call(&any, br#"{"messages":"You"}"#));
+        let escaped_role = br#"{"messages":[{"role":"syst\u0065m","content":"You"}]}"#;
+        assert!(!is_side_call(&any, escaped_role));
     }
 
     /// The JSON string token of `s`, each character written raw or as a
@@ -267,7 +296,52 @@ mod tests {
         t
     }
 
+    /// What a message list may hold before and at its first role.
+    const ELEMENTS: &[&str] = &[
+        "7",
+        "\"x\"",
+        "[]",
+        "null",
+        "{}",
+        r#"{"content":"x"}"#,
+        r#"{"role":null,"content":"x"}"#,
+        r#"{"role":"system","content":"You are a title generator"}"#,
+        r#"{"content":null,"role":"developer"}"#,
+        r#"{"role":"system","content":[{"type":"text","text":"You are"}],"name":"n"}"#,
+        r#"{"role":"us\u0065r","content":"x"}"#,
+        r#"{"role":"sys\ntem","content":"x"}"#,
+        r#"{"role":1}"#,
+        r#"{"role":{"a":1},"content":"x"}"#,
+        r#"{"role":"user","content":{"a":[1,{"b":null}]}}"#,
+    ];
+
     proptest::proptest! {
+        /// The head's reader finds the first message that names a role
+        /// exactly where `serde`'s reading does, or says there is none
+        /// where it finds none; and the rules then match alike.
+        #[test]
+        fn the_scanned_first_message_is_serdes(
+            picks in proptest::collection::vec(0..ELEMENTS.len(), 0..5),
+            tools in proptest::bool::ANY,
+        ) {
+            let list: Vec<&str> = picks.iter().map(|&i| ELEMENTS[i]).collect();
+            let tools = if tools { r#","tools":[{"type":"function"}]"# } else { "" };
+            let body = format!(r#"{{"model":"m","messages":[{}]{tools}}}"#, list.join(","));
+            let head = Head::read_text(&body).unwrap();
+            let shape = head.shape(&body);
+            // `\u0065` is not `serde_json`'s form: `serde` reads that body.
+            proptest::prop_assert_eq!(shape.first_message.is_some(), !body.contains("\\u"), "{}", body);
+            if let Some(first) = shape.first_message {
+                proptest::prop_assert_eq!(first, first_role(shape.messages.unwrap()), "{}", body);
+            }
+            let unread = Shape { first_message: None, ..head.shape(&body) };
+            proptest::prop_assert_eq!(shape.system_prompt(), unread.system_prompt());
+            let any = [Rule { system_prefix: String::new(), tools: None }];
+            for rules in [&rules()[..], &any[..]] {
+                proptest::prop_assert_eq!(matches(rules, &shape), matches(rules, &unread));
+            }
+        }
+
         /// A prefix is matched on the decoded text, as `serde` decodes it.
         #[test]
         fn starts_with_decodes_as_serde_does(
