@@ -2,9 +2,9 @@
 //! from its arrival to the last byte of its answer (the count travels with
 //! the body).
 
+use super::holding::Holding;
 use super::{ready, Dispatch, Kind};
 use crate::http::Held;
-use futures_util::future::BoxFuture;
 use http::{Request, Response};
 use prometheus_client::metrics::gauge::Gauge;
 use std::convert::Infallible;
@@ -63,7 +63,7 @@ where
 {
     type Response = Response<Held<RB, Counted>>;
     type Error = Infallible;
-    type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
+    type Future = Holding<S::Future, Counted>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         ready(cx)
@@ -75,11 +75,7 @@ where
             .get::<Dispatch>()
             .is_some_and(|d| matches!(d.kind, Kind::Call));
         let counted = is_call.then(|| Counted::new(&self.gauge));
-        let fut = self.inner.call(req);
-        Box::pin(async move {
-            let resp = fut.await?;
-            Ok(resp.map(|b| Held::new(b, counted)))
-        })
+        Holding::new(self.inner.call(req), counted)
     }
 }
 

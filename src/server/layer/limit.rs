@@ -4,11 +4,12 @@
 //! (`server.queue_timeout_secs`), after which the call is answered 503 with
 //! `Retry-After` (`overloaded`).
 
+use super::holding::Holding;
 use super::{ready, take, Dispatch, Kind};
 use crate::dialect::ApiError;
 use crate::http::{Held, ProxyBody};
 use crate::server::{call, State};
-use futures_util::future::BoxFuture;
+use futures_util::future::{BoxFuture, Either};
 use http::{Request, Response};
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -99,7 +100,10 @@ where
 {
     type Response = Response<Held<RB, OwnedSemaphorePermit>>;
     type Error = Infallible;
-    type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
+    type Future = Either<
+        Holding<S::Future, OwnedSemaphorePermit>,
+        BoxFuture<'static, Result<Self::Response, Infallible>>,
+    >;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         ready(cx)
@@ -116,14 +120,10 @@ where
             false => None,
             true => match self.layer.slots.try_take() {
                 Some(slot) => Some(slot),
-                None => return self.wait_for_slot(req),
+                None => return Either::Right(self.wait_for_slot(req)),
             },
         };
-        let fut = self.inner.call(req);
-        Box::pin(async move {
-            let resp = fut.await?;
-            Ok(resp.map(|b| Held::new(b, slot)))
-        })
+        Either::Left(Holding::new(self.inner.call(req), slot))
     }
 }
 

@@ -16,6 +16,7 @@
 
 pub mod classify;
 pub mod client_key;
+mod holding;
 pub mod in_flight;
 pub mod limit;
 pub mod rollout;
