@@ -19,9 +19,9 @@ use arrow::array::{
 use arrow::datatypes::{BinaryType, ByteArrayType, Utf8Type};
 use arrow::datatypes::{DataType, Field, Float64Type, Int32Type, Schema, SchemaRef, TimeUnit};
 use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, Encoding, ZstdLevel};
+use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
-use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -393,15 +393,6 @@ impl<R: ShardRow> ShardWriter<R> {
             }
         };
         let mut props = WriterProperties::builder()
-            // Version 2 data pages compress the values where the encoder
-            // left them; a version 1 page is copied whole three times on
-            // its way (into one buffer with its levels, into a buffer grown
-            // for the compressor, and shrunk).
-            .set_writer_version(WriterVersion::PARQUET_2_0)
-            // The same encodings as version 1 writes (version 2 would pick
-            // delta encodings, which cost more to write and some readers
-            // lack): PLAIN where there is no dictionary.
-            .set_encoding(Encoding::PLAIN)
             .set_compression(compression)
             .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
             .set_key_value_metadata(Some(
