@@ -163,8 +163,7 @@ impl<S> Limit<S> {
                 let resp = call::reject(&layer.state, api, rollout, &err).await;
                 return Ok(resp.map(|b| Held::new(RB::from(b), None)));
             };
-            let resp = inner.call(req).await?;
-            Ok(resp.map(|b| Held::new(b, Some(slot))))
+            Holding::new(inner.call(req), Some(slot)).await
         })
     }
 }
