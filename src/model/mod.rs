@@ -38,6 +38,7 @@ use checkpoint::Text;
 use rollcall_engine as engine;
 use sample::{Sampler, Sampling};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, RwLock};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -131,6 +132,23 @@ pub struct Job {
     /// cache reused.
     pub prompt_logprobs: Option<usize>,
     steps: UnboundedSender<Step>,
+    /// Its place among the generations taken, given back when the job is
+    /// dropped: finished, failed or cancelled.
+    _place: Place,
+}
+
+/// One of the places that [`Model::generate`] admits against: the KV
+/// slots (generations running) and the queue (generations waiting). Counted
+/// apart from the channel to the worker, whose free capacity also depends
+/// on how soon the worker took the last job: six calls at once to an idle
+/// model with one slot and a queue of one could find the channel full
+/// behind the first, and refuse the second.
+struct Place(Arc<AtomicUsize>);
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// A loaded model and the worker thread that runs it.
@@ -141,6 +159,10 @@ pub struct Model {
     text: RwLock<Arc<Text>>,
     threads: usize,
     jobs: mpsc::SyncSender<Work>,
+    /// Generations taken and not yet dropped, running or waiting.
+    taken: Arc<AtomicUsize>,
+    /// How many may be: `kv_slots` running and `queue` waiting.
+    places: usize,
     /// One reload at a time.
     reloading: Mutex<()>,
 }
@@ -218,7 +240,10 @@ impl Model {
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "embedded".into())
         });
-        let (jobs, rx) = mpsc::sync_channel(options.queue.max(1));
+        let places = options.kv_slots.max(1) + options.queue.max(1);
+        // Room for every admitted job before the worker takes any, and for
+        // a swap beside them.
+        let (jobs, rx) = mpsc::sync_channel(places + 1);
         let threads = engine.threads();
         let worker = worker::Worker::new(engine, options.kv_slots, stop_ids);
         std::thread::Builder::new()
@@ -231,6 +256,8 @@ impl Model {
             text: RwLock::new(Arc::new(text)),
             threads,
             jobs,
+            taken: Arc::new(AtomicUsize::new(0)),
+            places,
             reloading: Mutex::new(()),
         }))
     }
@@ -273,7 +300,8 @@ impl Model {
     }
 
     /// Queue a generation; its steps arrive on the receiver. Dropping the
-    /// receiver cancels the generation. A full queue is refused at once.
+    /// receiver cancels the generation. A full queue (every KV slot
+    /// running, `queue` generations waiting) is refused at once.
     pub fn generate(
         &self,
         prompt: Vec<u32>,
@@ -283,6 +311,10 @@ impl Model {
         top_logprobs: usize,
         prompt_logprobs: Option<usize>,
     ) -> Result<UnboundedReceiver<Step>, Busy> {
+        let place = Place(self.taken.clone());
+        if self.taken.fetch_add(1, Ordering::AcqRel) >= self.places {
+            return Err(Busy::Full(self.options.queue));
+        }
         let (steps, rx) = unbounded_channel();
         let job = Job {
             prompt,
@@ -292,6 +324,7 @@ impl Model {
             top_logprobs,
             prompt_logprobs,
             steps,
+            _place: place,
         };
         match self.jobs.try_send(Work::Job(job)) {
             Ok(()) => Ok(rx),
