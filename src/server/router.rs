@@ -43,9 +43,10 @@ impl tower::Service<Request<Incoming>> for Router {
     }
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        // The route's future boxed as it is made, not first moved into an
-        // async block: it is several KB, and each move is a copy of all of it.
-        Box::pin(route(self.state.clone(), req))
+        // The route's future built straight into its box: it is several KB,
+        // and each move is a copy of all of it.
+        let state = self.state.clone();
+        crate::http::pinned(move || route(state, req))
     }
 }
 
