@@ -503,7 +503,7 @@ pub enum BodyError {
 pub async fn read_body(body: &mut Body, limit: usize, idle: Duration) -> Result<Bytes, BodyError> {
     let mut buf = bytes::BytesMut::new();
     loop {
-        match tokio::time::timeout(idle, body.chunk()).await {
+        match crate::http::within(idle, body.chunk()).await {
             Err(_) => return Err(BodyError::Stalled(idle)),
             Ok(Ok(Some(c))) => {
                 if buf.len() + c.len() > limit {

@@ -221,7 +221,7 @@ async fn read_request(
     let mut body = Limited::new(body, max);
     let mut buf = BytesMut::new();
     loop {
-        let frame = match tokio::time::timeout(idle, body.frame()).await {
+        let frame = match crate::http::within(idle, body.frame()).await {
             Err(_) => return Err(ProxyError::RequestStalled(idle)),
             Ok(None) => return Ok(buf.freeze()),
             Ok(Some(f)) => f,

@@ -209,7 +209,7 @@ enum Sent {
 
 impl Outlet {
     async fn send(&self, chunk: Bytes) -> Sent {
-        match tokio::time::timeout(self.idle, self.tx.send(Ok(chunk))).await {
+        match crate::http::within(self.idle, self.tx.send(Ok(chunk))).await {
             Ok(Ok(())) => Sent::Ok,
             Ok(Err(_)) => Sent::Gone,
             Err(_) => Sent::Stalled,
