@@ -218,7 +218,7 @@ async fn models(state: &State, req: Request<Incoming>) -> Response<ProxyBody> {
     let headers = upstream_headers(req.headers(), state.client_keys.is_some());
     let upstream_err = match state.routes.default_route() {
         Some(route) => match route
-            .send(Method::GET, "/models", headers, Bytes::new(), false, None)
+            .send(Method::GET, "/models", &headers, Bytes::new(), false, None)
             .await
             .map(|s| s.resp)
         {

@@ -35,6 +35,9 @@ const BYTES_PER_TOKEN: f64 = 4.0;
 
 /// The header that sets a call's rollout's budget.
 pub const HEADER: &str = "x-rollcall-budget";
+/// [`HEADER`] as a header name: a lookup by it skips checking and
+/// lower-casing the name's text on every call.
+pub const HEADER_NAME: http::HeaderName = http::HeaderName::from_static(HEADER);
 
 /// Which limit a call would pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

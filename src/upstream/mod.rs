@@ -21,6 +21,7 @@ use crate::dialect::WireApi;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method};
 pub use pool::Lease;
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -193,6 +194,25 @@ impl Route {
         }
     }
 
+    /// `headers` as they go to this route's server: [`Self::place_key`]'s
+    /// changes, and the `anthropic-version` an Anthropic server requires.
+    /// Borrowed when there is nothing to change (the usual case), so that a
+    /// call does not copy its headers for it.
+    fn placed<'h>(&self, headers: &'h HeaderMap, translated: bool) -> Cow<'h, HeaderMap> {
+        let key = self.api_key.is_some() || (translated && headers.contains_key("x-api-key"));
+        let version =
+            self.kind == RouteKind::Anthropic && !headers.contains_key("anthropic-version");
+        if !key && !version {
+            return Cow::Borrowed(headers);
+        }
+        let mut headers = headers.clone();
+        self.place_key(&mut headers, translated);
+        if version {
+            headers.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
+        }
+        Cow::Owned(headers)
+    }
+
     /// Send a request to a replica's `url + endpoint` and wait (at most
     /// `response_timeout`) for the response head. The replica is the pool's
     /// pick for `rollout`; a connection error marks it down and the call
@@ -204,15 +224,12 @@ impl Route {
         &self,
         method: Method,
         endpoint: &str,
-        mut headers: HeaderMap,
+        headers: &HeaderMap,
         body: Bytes,
         translated: bool,
         rollout: Option<&str>,
     ) -> Result<Sent, UpstreamError> {
-        self.place_key(&mut headers, translated);
-        if self.kind == RouteKind::Anthropic && !headers.contains_key("anthropic-version") {
-            headers.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
-        }
+        let headers = self.placed(headers, translated);
         let single = self.pool.snapshot().len() == 1;
         let mut tried: Vec<Arc<pool::Replica>> = Vec::new();
         let mut attempt = 0;
@@ -283,8 +300,14 @@ impl Route {
         let mut req = http::Request::new(http_body_util::Full::new(r.body.clone()));
         *req.method_mut() = r.method.clone();
         *req.uri_mut() = uri;
-        *req.headers_mut() = r.headers.clone();
-        req.headers_mut().insert(http::header::HOST, host.clone());
+        // Built with room for `Host`: a clone has none, and growing it
+        // cost more than the copy.
+        let sent = req.headers_mut();
+        sent.reserve(r.headers.len() + 1);
+        for (k, v) in r.headers {
+            sent.append(k.clone(), v.clone());
+        }
+        sent.insert(http::header::HOST, host.clone());
         // Boxed as built: held inline, its 1.7 KB were copied into each
         // future around it (the timeout's, this one's, the call's).
         let send = crate::http::pinned(|| self.clients.get().plain.send(origin, req));
@@ -581,5 +604,55 @@ url = "http://127.0.0.1:2/v1"
         );
         assert_eq!(t.select(Some("other")).unwrap().name, "b");
         assert_eq!(t.select(None).unwrap().name, "b");
+    }
+
+    fn route(kind: &str) -> Route {
+        let cfg = Config::parse(&format!(
+            "[[routes]]\nname = \"r\"\nurl = \"http://127.0.0.1:1/v1\"\nkind = \"{kind}\"\n"
+        ))
+        .unwrap();
+        Route::new(&cfg.routes[0]).unwrap()
+    }
+
+    #[test]
+    fn headers_are_copied_only_where_the_route_changes_them() {
+        let mut harness = HeaderMap::new();
+        harness.insert("x-api-key", HeaderValue::from_static("harness"));
+        let get = |h: &HeaderMap, k: &str| h.get(k).map(|v| v.to_str().unwrap().to_owned());
+
+        let mut openai = route("openai");
+        assert!(matches!(openai.placed(&harness, false), Cow::Borrowed(_)));
+        // A translated Messages call: the harness's key becomes a Bearer token.
+        let moved = openai.placed(&harness, true);
+        assert_eq!(
+            get(&moved, "authorization").as_deref(),
+            Some("Bearer harness")
+        );
+        assert_eq!(get(&moved, "x-api-key"), None);
+        // The route's own key replaces the harness's.
+        openai.api_key = Some("route".into());
+        let own = openai.placed(&harness, false);
+        assert_eq!(get(&own, "authorization").as_deref(), Some("Bearer route"));
+        assert_eq!(get(&own, "x-api-key"), None);
+
+        let mut anthropic = route("anthropic");
+        let versioned = anthropic.placed(&harness, false);
+        assert_eq!(
+            get(&versioned, "anthropic-version").as_deref(),
+            Some("2023-06-01")
+        );
+        assert_eq!(get(&versioned, "x-api-key").as_deref(), Some("harness"));
+        harness.insert("anthropic-version", HeaderValue::from_static("2024-01-01"));
+        assert!(matches!(
+            anthropic.placed(&harness, false),
+            Cow::Borrowed(_)
+        ));
+        anthropic.api_key = Some("route".into());
+        let own = anthropic.placed(&harness, false);
+        assert_eq!(get(&own, "x-api-key").as_deref(), Some("route"));
+        assert_eq!(
+            get(&own, "anthropic-version").as_deref(),
+            Some("2024-01-01")
+        );
     }
 }

@@ -41,10 +41,17 @@ const DROP_RESPONSE: &[&str] = &[
     "content-length",
 ];
 
+/// The header in which an OpenAI SDK numbers its retries.
+const SDK_RETRY: http::HeaderName = http::HeaderName::from_static("x-stainless-retry-count");
+
 /// A new call's metadata: its id, and its place in its rollout.
 fn meta(state: &State, api: WireApi, rollout: &str, user_agent: Option<String>) -> CallMeta {
     CallMeta {
-        call_id: uuid::Uuid::now_v7().to_string(),
+        // Written into a buffer: `to_string` goes through a formatter.
+        call_id: uuid::Uuid::now_v7()
+            .hyphenated()
+            .encode_lower(&mut uuid::Uuid::encode_buffer())
+            .to_owned(),
         sequence: state.sequencer.take(rollout),
         rollout_id: rollout.to_owned(),
         wire_api: api,
@@ -83,7 +90,7 @@ pub async fn proxy(
     // An SDK's retry (or the same body again soon) is an attempt, not a turn.
     let sdk_retry = parts
         .headers
-        .get("x-stainless-retry-count")
+        .get(SDK_RETRY)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u32>().ok());
     let m = &mut p.begin.meta;
@@ -104,7 +111,7 @@ pub async fn proxy(
     };
     match state
         .budgets
-        .check(rollout, parts.headers.get(budget::HEADER), ask)
+        .check(rollout, parts.headers.get(budget::HEADER_NAME), ask)
     {
         Ok(charge) => call.charge_usage(charge),
         Err(budget::Refusal::Header(msg)) => {
@@ -137,7 +144,7 @@ pub async fn proxy(
         let send = p.route.send(
             Method::POST,
             &p.endpoint,
-            headers.clone(),
+            &headers,
             body.clone(),
             translated,
             Some(rollout),
@@ -164,9 +171,11 @@ pub async fn proxy(
     let status = resp.status();
     let mut out = Response::new(ProxyBody::Full(None));
     *out.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let kept = out.headers_mut();
+    kept.reserve(resp.headers().len());
     for (k, v) in resp.headers() {
         if !DROP_RESPONSE.contains(&k.as_str()) {
-            out.headers_mut().append(k.clone(), v.clone());
+            kept.append(k.clone(), v.clone());
         }
     }
     let is_sse = resp

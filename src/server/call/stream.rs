@@ -285,7 +285,7 @@ async fn continue_stream(
         .send(
             http::Method::POST,
             &r.endpoint,
-            r.headers.clone(),
+            &r.headers,
             body,
             r.translated,
             Some(&r.rollout),
