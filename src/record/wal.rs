@@ -135,10 +135,12 @@ impl Writer {
                 break;
             }
             log.unpublished.remove(&seg);
+            // Counted down first: whoever sees the file gone sees the gauge
+            // without it.
+            self.stats.wal_segments.fetch_sub(1, Ordering::Relaxed);
             if let Err(e) = std::fs::remove_file(segment_path(&self.dir, seg)) {
                 tracing::warn!(segment = seg, error = %e, "could not delete WAL segment");
             }
-            self.stats.wal_segments.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
