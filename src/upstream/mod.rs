@@ -170,9 +170,11 @@ impl Route {
     /// the header its kind of server reads (`x-api-key` for Anthropic,
     /// `Authorization: Bearer` otherwise); else the harness's own, moved
     /// from `x-api-key` to a Bearer token when a Messages call was
-    /// translated for a server that takes Bearer tokens.
-    fn place_key(&self, headers: &mut HeaderMap, translated: bool) {
+    /// translated for a server that takes Bearer tokens. `headers` is
+    /// copied, on its first change, only where it changes.
+    fn place_key(&self, headers: &mut Cow<'_, HeaderMap>, translated: bool) {
         if let Some(key) = &self.api_key {
+            let headers = headers.to_mut();
             headers.remove(http::header::AUTHORIZATION);
             headers.remove("x-api-key");
             if self.kind == RouteKind::Anthropic {
@@ -182,7 +184,8 @@ impl Route {
             } else if let Ok(v) = HeaderValue::from_str(&format!("Bearer {key}")) {
                 headers.insert(http::header::AUTHORIZATION, v);
             }
-        } else if translated {
+        } else if translated && headers.contains_key("x-api-key") {
+            let headers = headers.to_mut();
             if let Some(k) = headers.remove("x-api-key") {
                 if !headers.contains_key(http::header::AUTHORIZATION) {
                     let bearer = [b"Bearer ", k.as_bytes()].concat();
@@ -199,18 +202,14 @@ impl Route {
     /// Borrowed when there is nothing to change (the usual case), so that a
     /// call does not copy its headers for it.
     fn placed<'h>(&self, headers: &'h HeaderMap, translated: bool) -> Cow<'h, HeaderMap> {
-        let key = self.api_key.is_some() || (translated && headers.contains_key("x-api-key"));
-        let version =
-            self.kind == RouteKind::Anthropic && !headers.contains_key("anthropic-version");
-        if !key && !version {
-            return Cow::Borrowed(headers);
-        }
-        let mut headers = headers.clone();
+        let mut headers = Cow::Borrowed(headers);
         self.place_key(&mut headers, translated);
-        if version {
-            headers.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
+        if self.kind == RouteKind::Anthropic && !headers.contains_key("anthropic-version") {
+            headers
+                .to_mut()
+                .insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
         }
-        Cow::Owned(headers)
+        headers
     }
 
     /// Send a request to a replica's `url + endpoint` and wait (at most
@@ -378,7 +377,9 @@ impl Route {
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        let mut headers = Cow::Owned(headers);
         self.place_key(&mut headers, false);
+        let headers = headers.into_owned();
         let loads = set.replicas().iter().map(|r| {
             let origin = r.url.strip_suffix("/v1").unwrap_or(&r.url);
             let url = format!("{origin}/update_weights_from_disk");
