@@ -8,7 +8,7 @@
 //! on the 2-core bench VM wrk's p99 through rollcall was 0.77-1.16 ms,
 //! against 0.42-0.73 ms in the idle class (interleaved runs; the upstream
 //! alone gave 0.2-0.5 ms in its calm rounds). At nice 0 it was worse still
-//! (see the README's bench section).
+//! (see `docs/bench-history.md`).
 //!
 //! The idle class alone starved the writer for 37 s while twenty harnesses
 //! kept both cores busy, so it does not stay there when it falls behind:
