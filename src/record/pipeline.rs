@@ -260,6 +260,62 @@ mod tests {
         assert!(!recorder.stats.shard_alive.load(Ordering::Relaxed));
     }
 
+    /// `Recorder::publish` puts every row acknowledged before it into a
+    /// published file at once, long before `max_age_secs`, with fsync off
+    /// (ends written inline) and on (ends through the WAL thread).
+    #[tokio::test]
+    async fn publish_puts_every_acknowledged_row_in_a_published_file() {
+        for wal_fsync in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let cfg = ShardConfig {
+                dir: dir.path().to_path_buf(),
+                max_age_secs: 3600.0,
+                wal_fsync,
+                ..ShardConfig::default()
+            };
+            let (recorder, task, _) = Recorder::start(&cfg).unwrap();
+            for k in 0..3 {
+                let c = crate::record::test_call("r", &format!("c{k}"), k);
+                recorder.begin(c.begin).await.unwrap().await.unwrap();
+                recorder
+                    .end(c.outcome, bytes::Bytes::from_static(b"{}"), None)
+                    .await
+                    .unwrap();
+            }
+            recorder
+                .finish(crate::record::RolloutFinish {
+                    record_id: "f1".into(),
+                    rollout_id: "r".into(),
+                    status: "completed".into(),
+                    reward: Some(1.0),
+                    metadata: None,
+                    finished_at: 1,
+                    calls: 3,
+                })
+                .await
+                .unwrap();
+            let published = || {
+                ["calls", "rollouts"].map(|k| {
+                    std::fs::read_dir(dir.path().join(k))
+                        .map(|d| d.filter_map(Result::ok).count())
+                        .unwrap_or(0)
+                })
+            };
+            assert_eq!(published(), [0, 0], "nothing is published by age yet");
+            tokio::time::timeout(Duration::from_secs(10), recorder.publish())
+                .await
+                .expect("publish answers")
+                .unwrap();
+            assert_eq!(published(), [1, 1], "fsync {wal_fsync}");
+            assert_eq!(recorder.stats.rows_published.load(Ordering::Relaxed), 4);
+            assert_eq!(recorder.unpublished_rows(), 0);
+            // Nothing held: a second publish writes no empty file.
+            recorder.publish().await.unwrap();
+            assert_eq!(published(), [1, 1]);
+            task.shutdown().await;
+        }
+    }
+
     /// With fsync off, a call's start and end are written on the response
     /// path: the start is in the segment as soon as `begin` returns, the end
     /// is taken inline, and its row reaches a published shard, after which

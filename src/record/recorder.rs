@@ -26,6 +26,9 @@ pub(crate) enum WalMsg {
         finish: RolloutFinish,
         ack: oneshot::Sender<Result<(), RecordError>>,
     },
+    /// Publish the shards now, once everything before it is in the WAL
+    /// (`Recorder::publish`).
+    Publish(oneshot::Sender<()>),
     Shutdown,
 }
 
@@ -191,6 +194,25 @@ impl Recorder {
             .await
             .map_err(|_| RecordError::Closed)?;
         done.await.map_err(|_| RecordError::Closed)?
+    }
+
+    /// Publish the open shards now, after every call end and finish
+    /// acknowledged before this call: when it returns, their rows are in
+    /// published files (a reader such as the job API's groups sees them
+    /// without waiting for `shards.max_age_secs`). Rows a failed write
+    /// kept in the WAL are not published; they stay there for the next
+    /// start, as always.
+    pub async fn publish(&self) -> Result<(), RecordError> {
+        let (done, published) = oneshot::channel();
+        self.tx
+            .send(WalMsg::Publish(done))
+            .await
+            .map_err(|_| RecordError::Closed)?;
+        // Dropped unanswered: the batch it came with failed to reach the
+        // WAL (its rows are kept for a retry), or the recorder stopped.
+        published.await.map_err(|_| {
+            RecordError::Shard("the shards were not published: the write-ahead log write before it failed, or recording stopped".into())
+        })
     }
 
     pub fn unpublished_rows(&self) -> i64 {

@@ -40,6 +40,9 @@ pub(crate) enum ShardItem {
         segment: u64,
         finish: RolloutFinish,
     },
+    /// Publish what is held now and say so (`Recorder::publish`): every
+    /// row queued before it is then in a published file.
+    Publish(tokio::sync::oneshot::Sender<()>),
     /// Publish what is held and stop (sent by the WAL writer at shutdown).
     Stop,
 }

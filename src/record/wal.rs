@@ -339,6 +339,8 @@ struct Batch {
     /// Ends, with the proxy's ack (none for an end written again).
     ended: Vec<(ShardItem, Option<Ack>)>,
     finished: Vec<(ShardItem, Ack)>,
+    /// Publication requests, handed on after the batch's rows.
+    publish: Vec<tokio::sync::oneshot::Sender<()>>,
 }
 
 /// Take, write and acknowledge batches until shutdown.
@@ -433,6 +435,7 @@ fn write_batches(w: &mut Writer, q: &mut WalQueues) {
                         .finished
                         .push((ShardItem::Rollout { segment, finish }, ack));
                 }
+                WalMsg::Publish(done) => batch.publish.push(done),
                 WalMsg::Shutdown => shutdown = true,
             }
         }
@@ -503,7 +506,8 @@ fn commit(w: &mut Writer, batch: Batch, shard_tx: &mpsc::Sender<ShardItem>) {
         }
         forward.push(item);
     }
-    for item in forward {
+    let publish = batch.publish.into_iter().map(ShardItem::Publish);
+    for item in forward.into_iter().chain(publish) {
         if shard_tx.blocking_send(item).is_err() {
             tracing::error!("shard writer stopped; rows stay in the WAL until restart");
         }

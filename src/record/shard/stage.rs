@@ -206,6 +206,11 @@ fn take(
             }
             push_one(&mut set.rollouts, finish, segment, published, stats)
         }
+        ShardItem::Publish(done) => {
+            publish_one(&mut set.calls, published, stats);
+            publish_one(&mut set.rollouts, published, stats);
+            let _ = done.send(());
+        }
         ShardItem::Stop => {}
     }
 }
