@@ -14,6 +14,7 @@ use crate::record::Recorder;
 use crate::server::{Parts, Server};
 use crate::upstream::RouteTable;
 use std::collections::HashSet;
+use std::sync::Arc;
 
 /// Why `rollcall serve` could not start.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +34,9 @@ pub enum StartError {
     /// {0}
     #[error(transparent)]
     View(#[from] crate::view::live::ViewError),
+    /// the job API did not start: {0}
+    #[error("the job API did not start: {0}")]
+    Jobs(#[from] crate::jobs::JobError),
 }
 
 /// Build a server from `config`: validate it, start the embedded routes'
@@ -62,6 +66,14 @@ pub async fn build(mut config: Config) -> Result<Server, StartError> {
         Some(var) => Some(keys_in("server.admin_keys_env", var)?),
         None => None,
     };
+    let jobs_config = config.jobs.clone();
+    let shards_dir = config.shards.dir.clone();
+    // The key a job's harnesses present to this proxy: one of the client
+    // keys where they are required.
+    let job_key = client_keys
+        .as_ref()
+        .and_then(|k| k.iter().min().cloned())
+        .unwrap_or_else(|| "rollcall".to_owned());
     let (recorder, recorder_task, recovered) = Recorder::start(&config.shards)?;
     if recovered.replayed_calls > 0 {
         tracing::info!(
@@ -75,14 +87,61 @@ pub async fn build(mut config: Config) -> Result<Server, StartError> {
         rollouts: config.rollouts,
         on_wal_error: config.shards.on_wal_error,
         routes,
-        recorder,
+        recorder: recorder.clone(),
         recorder_task,
         next_sequence: recovered.next_sequence,
         client_keys,
         admin_keys,
     })
     .await?;
+    if jobs_config.enabled {
+        mount_jobs(&server, jobs_config, shards_dir, job_key, recorder)?;
+    }
     Ok(server)
+}
+
+/// Start the job API and mount it on the server's `/v1/jobs`: its jobs run
+/// on this runtime, against the server's own address, recording into its
+/// shards.
+fn mount_jobs(
+    server: &Server,
+    cfg: crate::config::JobsConfig,
+    shards: std::path::PathBuf,
+    api_key: String,
+    recorder: Recorder,
+) -> Result<(), StartError> {
+    let mut addr = server.addr;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let shards = std::path::absolute(&shards).unwrap_or(shards);
+    let settings = crate::jobs::Settings {
+        dir: shards.join("jobs"),
+        shards,
+        max_queued: cfg.max_queued,
+        max_running: cfg.max_running,
+        harness_root: cfg.harness_dir,
+        api_key,
+    };
+    let state = server.state.clone();
+    let policy: crate::jobs::PolicyVersion =
+        Arc::new(move || state.gates.all().map(|(_, g)| g.version()).max());
+    let jobs = crate::jobs::Jobs::start(settings, format!("http://{addr}"), recorder, policy)?;
+    let runtime = tokio::runtime::Handle::current();
+    let handler: crate::http::Handler = Arc::new(move |req| {
+        // The job API's work runs on this runtime, not the serving threads'.
+        let answer = runtime.spawn(crate::jobs::api::handle(jobs.clone(), req));
+        Box::pin(async move {
+            answer.await.unwrap_or_else(|e| {
+                crate::http::json_response(
+                    500,
+                    &serde_json::json!({"error": {"message": format!("the job API failed: {e}"), "type": "server_error", "code": "internal"}}),
+                )
+            })
+        })
+    });
+    let _ = server.state.jobs.set(handler);
+    Ok(())
 }
 
 /// Serve the viewer of `shards` (the proxy's own) on `addr`, on a task of

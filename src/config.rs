@@ -36,6 +36,8 @@ pub struct Config {
     pub rollouts: RolloutConfig,
     #[serde(default)]
     pub shards: ShardConfig,
+    #[serde(default)]
+    pub jobs: JobsConfig,
     /// Named upstream routes, `[[routes]]` in TOML.
     #[serde(default)]
     pub routes: Vec<RouteConfig>,
@@ -252,6 +254,33 @@ pub enum OnWalError {
     Serve,
 }
 
+/// The job API of `rollcall serve` (`/v1/jobs`, docs/jobs.md): rollouts
+/// in containers as a service, kept in `<shards.dir>/jobs/`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JobsConfig {
+    /// Serve `/v1/jobs`.
+    pub enabled: bool,
+    /// Jobs waiting to start; a job submitted beyond them is refused (429).
+    pub max_queued: usize,
+    /// Jobs running at once (each runs `concurrency` containers).
+    pub max_running: usize,
+    /// Where harnesses are installed (default: `ROLLCALL_HARNESS_DIR`, else
+    /// the user cache's).
+    pub harness_dir: Option<PathBuf>,
+}
+
+impl Default for JobsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_queued: 16,
+            max_running: 1,
+            harness_dir: None,
+        }
+    }
+}
+
 impl Default for ShardConfig {
     fn default() -> Self {
         Self {
@@ -316,6 +345,9 @@ impl Config {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
         if self.routes.is_empty() {
             return invalid("no upstream route: give --upstream URL or a [[routes]] table".into());
+        }
+        if self.jobs.max_queued == 0 || self.jobs.max_running == 0 {
+            return invalid("jobs.max_queued and jobs.max_running must be at least 1".into());
         }
         let mut names = std::collections::BTreeSet::new();
         for r in &self.routes {

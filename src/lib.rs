@@ -14,6 +14,7 @@ pub mod export;
 pub mod grade;
 pub mod harness;
 pub mod http;
+pub mod jobs;
 pub mod model;
 pub mod recipe;
 pub mod record;

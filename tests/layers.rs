@@ -13,7 +13,10 @@ use std::path::{Path, PathBuf};
 /// What each module must not import.
 const FORBIDDEN: &[(&str, &[&str])] = &[
     ("record", &["server", "upstream", "model"]),
-    ("server", &["model", "export", "harness", "cli", "app"]),
+    (
+        "server",
+        &["model", "export", "harness", "cli", "app", "jobs"],
+    ),
     ("upstream", &["server", "record"]),
     ("model", &["server", "upstream", "record"]),
     ("export", &["server"]),
@@ -22,6 +25,14 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
     ("rollout", &["server", "upstream", "app", "cli"]),
     // So do the recipes (teachers and judges are model servers).
     ("recipe", &["server", "upstream", "app", "cli", "rollout"]),
+    // The job API drives the rollout engine and reads the shards as the
+    // exports do; the server serves it only through a mounted handler.
+    (
+        "jobs",
+        &[
+            "server", "upstream", "app", "cli", "recipe", "view", "model",
+        ],
+    ),
     // The viewer reads the shards as the exports do.
     (
         "view",

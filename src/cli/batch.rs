@@ -2,12 +2,10 @@
 //! container, graded like SWE-bench, grouped (see `docs/rollouts.md`).
 
 use crate::config::{Config, RouteConfig, RouteKind};
-use crate::rollout::backend::docker::Docker;
-use crate::rollout::backend::{Backend, Limits};
+use crate::rollout::backend::Limits;
 use crate::rollout::bar::Bar;
-use crate::rollout::batch::Sampling;
-use crate::rollout::sample::Context;
-use crate::rollout::{bridge, lock, place, RolloutError};
+use crate::rollout::batch::{Progress, Sampling};
+use crate::rollout::engine::{self, Ask, Plan};
 use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -130,11 +128,9 @@ fn name_of(b: &Batch) -> String {
 }
 
 impl Batch {
-    pub async fn run(self) -> Result<i32, Box<dyn std::error::Error>> {
-        let name = self.name.clone().unwrap_or_else(|| name_of(&self));
-        crate::record::check_rollout_id(&name)?;
-        let adapter = crate::harness::Adapter::get(&self.harness)?;
-        place::recipe(&adapter)?;
+    /// The batch's settings as the engine takes them (shared with the job
+    /// API's jobs), checked.
+    fn plan(&self, name: String) -> Result<Plan, Box<dyn std::error::Error>> {
         let mut tasks = crate::grade::load_tasks(&self.tasks)?;
         if !self.instances.is_empty() {
             tasks.retain(|t| self.instances.contains(&t.instance_id));
@@ -142,51 +138,59 @@ impl Batch {
         if tasks.is_empty() {
             return Err(format!("{}: no tasks to run", self.tasks.display()).into());
         }
-        let root = std::path::absolute(
-            self.prefix
-                .clone()
-                .unwrap_or_else(crate::harness::default_root),
-        )?;
-        if !adapter.bin(&root).exists() {
-            return Err(crate::harness::HarnessError::NotInstalled(
-                adapter.name.clone(),
-                adapter.dir(&root),
-            )
-            .into());
-        }
+        let ask = Ask {
+            name: name.clone(),
+            harness: self.harness.clone(),
+            tasks,
+            root: self.prefix.clone(),
+        };
+        let (adapter, root) = ask.check()?;
         let out = std::path::absolute(
             self.out
                 .clone()
                 .unwrap_or_else(|| PathBuf::from("batch-out").join(&name)),
         )?;
-        std::fs::create_dir_all(&out)?;
-        let shards = std::path::absolute(&self.shards)?;
+        let sampling = if self.adaptive {
+            Sampling::Adaptive(Bar {
+                n: self.bar_n,
+                n_max: self.bar_n_max,
+                stride: self.bar_stride,
+                r_min: self.bar_r_min,
+                r_max: self.bar_r_max,
+            })
+        } else {
+            Sampling::Fixed(self.samples)
+        };
+        Ok(Plan {
+            name,
+            tasks: ask.tasks,
+            adapter,
+            root,
+            model: self.model.clone(),
+            sampling,
+            concurrency: self.concurrency,
+            retries: self.retries,
+            timeout: Duration::from_secs(self.timeout),
+            grade_timeout: Duration::from_secs(self.grade_timeout),
+            grade_timeouts: !self.no_grade_timeouts,
+            limits: Limits {
+                cpus: self.cpus,
+                memory: self.memory_mib << 20,
+                pids: self.pids,
+            },
+            budget: self.budget.budget(),
+            extra_args: self.harness_args.clone(),
+            api_key: self.api_key.clone(),
+            out,
+            shards: std::path::absolute(&self.shards)?,
+        })
+    }
 
-        // One batch per name at a time; this invocation's own lock marks
-        // its containers as alive.
-        let Some(_run_lock) = lock::try_lock(&lock::dir().join(format!("run-{name}.lock")))? else {
-            return Err(RolloutError::Busy(name).into());
-        };
-        let batch_id = format!("{name}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
-        let Some(_alive) = lock::try_lock(&lock::batch_file(&batch_id))? else {
-            return Err(RolloutError::Busy(batch_id).into());
-        };
-        let backend = Docker::connect(&batch_id).await?;
-        for (dead, n) in backend.batches().await? {
-            if dead != batch_id && !lock::alive(&dead)? {
-                let removed = backend.remove_batch(&dead).await?;
-                eprintln!("==> rollcall batch: removed {removed} of {n} containers left by dead batch {dead}");
-                let _ = std::fs::remove_file(lock::batch_file(&dead));
-            }
-        }
-        let mut images: Vec<String> = tasks.iter().map(|t| t.image()).collect();
-        images.sort();
-        images.dedup();
-        for image in &images {
-            if !backend.has_image(image).await? {
-                eprintln!("==> rollcall batch: warning: image {image} is missing; its tasks will be infrastructure errors");
-            }
-        }
+    pub async fn run(self) -> Result<i32, Box<dyn std::error::Error>> {
+        let name = self.name.clone().unwrap_or_else(|| name_of(&self));
+        let plan = self.plan(name.clone())?;
+        let (out, shards) = (plan.out.clone(), plan.shards.clone());
+        std::fs::create_dir_all(&out)?;
 
         // The proxy: a running one, or our own on loopback.
         let (proxy, server) = match &self.proxy {
@@ -195,6 +199,8 @@ impl Batch {
                 let mut cfg = Config::default();
                 cfg.server.listen = "127.0.0.1:0".parse()?;
                 cfg.shards.dir = shards.clone();
+                // This proxy serves this batch alone.
+                cfg.jobs.enabled = false;
                 match &self.upstream {
                     Some(u) => cfg.set_upstream(u),
                     None => {
@@ -212,22 +218,6 @@ impl Batch {
                 (url, Some((stop_tx, task)))
             }
         };
-        let proxy_addr = proxy
-            .trim_start_matches("http://")
-            .trim_end_matches('/')
-            .to_owned();
-        let sock_dir = std::env::temp_dir().join(format!("rollcall-{batch_id}"));
-        let host_bridge = bridge::HostBridge::start(&sock_dir, proxy_addr)?;
-        let bridge_bin = std::env::current_exe()?.with_file_name("rollcall-bridge");
-        let placement = adapter.container.as_ref().map(|c| c.placement);
-        if placement == Some(crate::harness::Placement::Inside) && !bridge_bin.exists() {
-            return Err(format!(
-                "{} is missing: build it with `cargo build` (it is the in-container end of the proxy bridge)",
-                bridge_bin.display()
-            )
-            .into());
-        }
-        let mounts = place::mounts(&adapter, &root, &bridge_bin, &sock_dir);
 
         let cancel = CancellationToken::new();
         let on_signal = cancel.clone();
@@ -236,49 +226,10 @@ impl Batch {
             eprintln!("\n==> rollcall batch: stopping (the rollouts in flight are cancelled and their containers removed)");
             on_signal.cancel();
         });
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let client = reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()?;
-        let ctx = Arc::new(Context {
-            backend: backend.clone(),
-            adapter,
-            root,
-            model: self.model.clone(),
-            api_key: self.api_key.clone(),
-            proxy: proxy.clone(),
-            client,
-            run: name.clone(),
-            limits: Limits {
-                cpus: self.cpus,
-                memory: self.memory_mib << 20,
-                pids: self.pids,
-            },
-            timeout: Duration::from_secs(self.timeout),
-            grade_timeout: Duration::from_secs(self.grade_timeout),
-            grade_timeouts: !self.no_grade_timeouts,
-            retries: self.retries,
-            extra_args: self.harness_args.clone(),
-            budget: self.budget.budget(),
-            mounts,
-            out: out.clone(),
-            cancel: cancel.clone(),
-        });
-        let sampling = if self.adaptive {
-            Sampling::Adaptive(Bar {
-                n: self.bar_n,
-                n_max: self.bar_n_max,
-                stride: self.bar_stride,
-                r_min: self.bar_r_min,
-                r_max: self.bar_r_max,
-            })
-        } else {
-            Sampling::Fixed(self.samples)
-        };
         eprintln!(
             "==> rollcall batch {name}: {} tasks, {}, harness {}, {} at a time; proxy {proxy}, shards {}, out {}",
-            tasks.len(),
-            match sampling {
+            plan.tasks.len(),
+            match plan.sampling {
                 Sampling::Fixed(k) => format!("{k} samples each"),
                 Sampling::Adaptive(b) => format!("adaptive (n {}, up to {}, stride {})", b.n, b.n_max, b.stride),
             },
@@ -287,21 +238,14 @@ impl Batch {
             shards.display(),
             out.display()
         );
-        let result =
-            crate::rollout::batch::run(ctx, &tasks, sampling, self.concurrency, &shards).await;
-        // Whatever happened, nothing of this batch stays behind.
-        let removed = backend.remove_batch(&batch_id).await;
-        drop(host_bridge);
-        let _ = std::fs::remove_dir_all(&sock_dir);
+        let progress = Arc::new(Progress::new());
+        let result = engine::run(plan, &proxy, cancel, progress.clone()).await;
+        progress.finish();
         if let Some((stop, task)) = server {
             let _ = stop.send(());
             let _ = task.await;
         }
-        let _ = std::fs::remove_file(lock::batch_file(&batch_id));
         let summary = result?;
-        if let Err(e) = removed {
-            eprintln!("==> rollcall batch: warning: could not remove every container: {e}");
-        }
         print!("{}", summary.table());
         let path = out.join("summary.json");
         std::fs::write(&path, serde_json::to_vec_pretty(&summary)?)?;

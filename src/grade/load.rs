@@ -85,6 +85,22 @@ pub fn load_tasks(path: &Path) -> Result<Vec<Instance>, LoadError> {
         })?;
         json_rows(&text, &file)?
     };
+    instances(rows, file)
+}
+
+/// The instances of task objects given inline (the job API's `tasks`
+/// array), checked as a task file's are; `what` names them in errors.
+pub fn tasks_from_json(items: Vec<Value>, what: &str) -> Result<Vec<Instance>, LoadError> {
+    let rows = items
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| (format!("item {}", i + 1), v))
+        .collect();
+    instances(rows, what.to_owned())
+}
+
+/// Instances from JSON values, each with where it is; ids must be unique.
+fn instances(rows: Vec<(String, Value)>, file: String) -> Result<Vec<Instance>, LoadError> {
     let mut seen: BTreeMap<String, String> = BTreeMap::new();
     let mut out = Vec::with_capacity(rows.len());
     for (at, v) in rows {

@@ -26,7 +26,7 @@ pub use instance::{
     default_image, FieldError, Instance, InstanceError, DEFAULT_TEST_CMD, DEFAULT_WORKDIR,
     SWEBENCH_CONDA_ENV,
 };
-pub use load::{load_tasks, LoadError};
+pub use load::{load_tasks, tasks_from_json, LoadError};
 pub use parse::{ParseCrash, Parser, StatusMap, TestStatus};
 pub use report::{
     grade, logs_eval, pass_at_k, resolution_status, test_failed, test_passed, tests_report,

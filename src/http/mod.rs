@@ -8,6 +8,7 @@
 //! lets `scripted-upstream` use it and stay independent of `dialect`.
 
 pub mod body;
+pub mod mount;
 pub mod pinned;
 pub mod respond;
 pub mod serve;
@@ -15,6 +16,7 @@ pub mod signal;
 pub mod within;
 
 pub use body::{Abort, Chunk, Held, ProxyBody};
+pub use mount::Handler;
 pub use pinned::pinned;
 pub use respond::{bytes_response, json_response};
 pub use serve::serve_plain;

@@ -1,5 +1,7 @@
 //! The batch: every task's group of samples, at most `concurrency`
-//! containers at a time, resumed from the shards, with a live progress bar.
+//! containers at a time, resumed from the shards, reported to an
+//! [`Observer`] as it goes (a progress bar for `rollcall batch`, a job's
+//! counts and finished groups for the job API).
 
 use super::backend::Backend;
 use super::bar::{Bar, Decision, Sample};
@@ -85,34 +87,152 @@ fn earlier(shards: &Path, run: &str) -> Result<BTreeMap<(String, usize), Earlier
     Ok(out)
 }
 
-/// Counters behind the progress bar.
-#[derive(Default)]
-struct Counts {
-    done: AtomicUsize,
-    running: AtomicUsize,
-    failed: AtomicUsize,
-    resolved: AtomicUsize,
+/// What a batch tells as it goes. Called from the batch's tasks: keep
+/// each call short and never block.
+pub trait Observer: Send + Sync {
+    /// `n` more samples are planned (the first strides at the start, then
+    /// each stride Balanced Adaptive Rollout adds).
+    fn planned(&self, n: usize);
+    /// A sample took a container slot.
+    fn started(&self);
+    /// A sample that `started` ended (its attempts are over).
+    fn stopped(&self);
+    /// A sample has its end: run now, or finished by an earlier run.
+    fn sample(&self, r: &SampleResult);
+    /// A task's group is over: every sample has its end (and Balanced
+    /// Adaptive Rollout its verdict), or the batch stopped first.
+    fn group(&self, g: &GroupResult);
+}
+
+/// The counts a batch keeps: running, done, infrastructure errors,
+/// resolved.
+#[derive(Debug, Default)]
+pub struct Counts {
+    pub planned: AtomicUsize,
+    pub running: AtomicUsize,
+    pub done: AtomicUsize,
+    pub infra_errors: AtomicUsize,
+    pub graded: AtomicUsize,
+    pub resolved: AtomicUsize,
+}
+
+impl Counts {
+    pub fn planned(&self, n: usize) {
+        self.planned.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn started(&self) {
+        self.running.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn stopped(&self) {
+        self.running.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Count a sample's end (one not run, or cancelled, is not counted).
+    pub fn sample(&self, r: &SampleResult) -> bool {
+        if r.status == Some(Status::Cancelled) || r.status.is_none() {
+            return false;
+        }
+        self.done.fetch_add(1, Ordering::Relaxed);
+        if r.status == Some(Status::InfraError) {
+            self.infra_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        if r.graded() {
+            self.graded.fetch_add(1, Ordering::Relaxed);
+        }
+        if r.reward == Some(1.0) {
+            self.resolved.fetch_add(1, Ordering::Relaxed);
+        }
+        true
+    }
+
+    pub fn get(c: &AtomicUsize) -> usize {
+        c.load(Ordering::Relaxed)
+    }
+}
+
+/// `rollcall batch`'s observer: a live progress bar on stderr (hidden with
+/// `ROLLCALL_PROGRESS=0`).
+pub struct Progress {
+    bar: ProgressBar,
+    counts: Counts,
+}
+
+impl Progress {
+    pub fn new() -> Progress {
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} done · {msg} · ETA {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        if std::env::var_os("ROLLCALL_PROGRESS").is_some_and(|v| v == "0") {
+            bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+        }
+        bar.enable_steady_tick(std::time::Duration::from_millis(250));
+        Progress {
+            bar,
+            counts: Counts::default(),
+        }
+    }
+
+    pub fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+
+    fn show(&self) {
+        let c = &self.counts;
+        self.bar.set_message(format!(
+            "running {} · failed {} · resolved {}",
+            Counts::get(&c.running),
+            Counts::get(&c.infra_errors),
+            Counts::get(&c.resolved),
+        ));
+    }
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Progress::new()
+    }
+}
+
+impl Observer for Progress {
+    fn planned(&self, n: usize) {
+        self.counts.planned(n);
+        self.bar.inc_length(n as u64);
+    }
+
+    fn started(&self) {
+        self.counts.started();
+        self.show();
+    }
+
+    fn stopped(&self) {
+        self.counts.stopped();
+        self.show();
+    }
+
+    fn sample(&self, r: &SampleResult) {
+        if self.counts.sample(r) {
+            self.bar.inc(1);
+            self.show();
+        }
+    }
+
+    fn group(&self, _: &GroupResult) {}
 }
 
 struct Shared<B> {
     ctx: Arc<Context<B>>,
     slots: Semaphore,
     earlier: BTreeMap<(String, usize), Earlier>,
-    counts: Counts,
-    bar: ProgressBar,
+    observer: Arc<dyn Observer>,
 }
 
 impl<B: Backend> Shared<B> {
-    fn show(&self) {
-        let c = &self.counts;
-        self.bar.set_message(format!(
-            "running {} · failed {} · resolved {}",
-            c.running.load(Ordering::Relaxed),
-            c.failed.load(Ordering::Relaxed),
-            c.resolved.load(Ordering::Relaxed),
-        ));
-    }
-
     /// Sample `k` of `task`: the earlier run's when it finished for good,
     /// else a new one, run when a slot frees.
     async fn sample(&self, task: &Instance, k: usize) -> SampleResult {
@@ -121,7 +241,7 @@ impl<B: Backend> Shared<B> {
             Some(e) if !matches!(e.status, Status::InfraError | Status::Cancelled) => {
                 let r =
                     SampleResult::resumed(k, &e.rollout, e.status, e.reward, e.metadata.clone());
-                self.tally(&r);
+                self.observer.sample(&r);
                 return r;
             }
             Some(e) => e.attempt + 1,
@@ -139,28 +259,12 @@ impl<B: Backend> Shared<B> {
                 rollout_id(&self.ctx.run, &task.instance_id, k, first_attempt),
             );
         }
-        self.counts.running.fetch_add(1, Ordering::Relaxed);
-        self.show();
+        self.observer.started();
         let a: Attempt = self.ctx.sample(task, k, first_attempt).await;
-        self.counts.running.fetch_sub(1, Ordering::Relaxed);
+        self.observer.stopped();
         let r = SampleResult::of(k, a);
-        self.tally(&r);
+        self.observer.sample(&r);
         r
-    }
-
-    fn tally(&self, r: &SampleResult) {
-        if r.status == Some(Status::Cancelled) || r.status.is_none() {
-            return;
-        }
-        self.counts.done.fetch_add(1, Ordering::Relaxed);
-        if r.status == Some(Status::InfraError) {
-            self.counts.failed.fetch_add(1, Ordering::Relaxed);
-        }
-        if r.reward == Some(1.0) {
-            self.counts.resolved.fetch_add(1, Ordering::Relaxed);
-        }
-        self.bar.inc(1);
-        self.show();
     }
 
     async fn samples(&self, task: &Instance, range: std::ops::Range<usize>) -> Vec<SampleResult> {
@@ -168,6 +272,12 @@ impl<B: Backend> Shared<B> {
     }
 
     async fn group(&self, task: &Instance, sampling: Sampling) -> GroupResult {
+        let g = self.group_of(task, sampling).await;
+        self.observer.group(&g);
+        g
+    }
+
+    async fn group_of(&self, task: &Instance, sampling: Sampling) -> GroupResult {
         let group = super::sample::group_id(&self.ctx.run, &task.instance_id);
         match sampling {
             Sampling::Fixed(k) => GroupResult::fixed(task, group, self.samples(task, 0..k).await),
@@ -183,7 +293,7 @@ impl<B: Backend> Shared<B> {
                     let seen: Vec<Sample> = samples.iter().map(SampleResult::bar_sample).collect();
                     match bar.decide(&seen) {
                         Decision::More(m) => {
-                            self.bar.inc_length(m as u64);
+                            self.observer.planned(m);
                             let from = samples.len();
                             samples.extend(self.samples(task, from..from + m).await);
                         }
@@ -243,33 +353,22 @@ pub async fn run<B: Backend>(
     sampling: Sampling,
     concurrency: usize,
     shards: &Path,
+    observer: Arc<dyn Observer>,
 ) -> Result<Summary, RolloutError> {
     let earlier = earlier(shards, &ctx.run)?;
     let per_task = match sampling {
         Sampling::Fixed(k) => k,
         Sampling::Adaptive(b) => b.first(),
     };
-    let bar = ProgressBar::new((tasks.len() * per_task) as u64);
-    bar.set_style(
-        ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} done · {msg} · ETA {eta}",
-        )
-        .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    if std::env::var_os("ROLLCALL_PROGRESS").is_some_and(|v| v == "0") {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
-    bar.enable_steady_tick(std::time::Duration::from_millis(250));
+    observer.planned(tasks.len() * per_task);
     let shared = Shared {
         ctx: ctx.clone(),
         slots: Semaphore::new(concurrency.max(1)),
         earlier,
-        counts: Counts::default(),
-        bar,
+        observer,
     };
     let started = std::time::Instant::now();
     let groups = join_all(tasks.iter().map(|t| shared.group(t, sampling))).await;
-    shared.bar.finish_and_clear();
     Ok(Summary::new(
         &ctx.run,
         groups,

@@ -13,12 +13,14 @@
 //! The engine talks to the proxy over HTTP only (finishes), and to the
 //! shards only to read which rollouts are already finished (resume). Where
 //! containers run is behind [`backend::Backend`]; [`backend::docker`] is
-//! the one backend today.
+//! the one backend today. [`engine`] is the one way in, for `rollcall
+//! batch` and for the job API's jobs alike.
 
 pub mod backend;
 pub mod bar;
 pub mod batch;
 pub mod bridge;
+pub mod engine;
 pub mod grading;
 pub mod lock;
 pub mod place;
@@ -36,6 +38,15 @@ pub enum RolloutError {
     /// a harness fault
     #[error(transparent)]
     Harness(#[from] crate::harness::HarnessError),
+    /// the batch's name cannot prefix rollout ids
+    #[error("the name {0:?} cannot prefix rollout ids: {1}")]
+    Name(String, String),
+    /// there are no tasks to run
+    #[error("no tasks to run")]
+    NoTasks,
+    /// the bridge binary is missing
+    #[error("{0} is missing: build it with `cargo build` (it is the in-container end of the proxy bridge)")]
+    BridgeMissing(PathBuf),
     /// the harness has no container recipe
     #[error("harness {0} has no [container] recipe in its adapter.toml, so `rollcall batch` cannot run it yet")]
     NoContainerRecipe(String),

@@ -18,6 +18,7 @@ pub mod budget;
 pub mod call;
 mod control;
 pub mod feed;
+mod jobs;
 mod layer;
 pub mod metrics;
 pub mod pause;
@@ -100,6 +101,7 @@ impl Server {
             budgets,
             gates,
             tasks: tokio_util::task::TaskTracker::new(),
+            jobs: std::sync::OnceLock::new(),
             stopping: tokio_util::sync::CancellationToken::new(),
         });
         Ok(Server {

@@ -4,6 +4,8 @@
 //! ```text
 //! GET  /healthz, /metrics, POST /v1/rollouts/<id>/finish,
 //! GET  [/rollouts/<id>]/v1/models               ─▶ admin
+//! *    /v1/admin/*                              ─▶ control
+//! *    /v1/jobs[/...]                           ─▶ jobs (the mounted job API)
 //! POST [/rollouts/<id>]/v1/chat/completions     ┐
 //! POST [/rollouts/<id>]/v1/responses            │ call::proxy: proxied
 //! POST [/rollouts/<id>]/v1/completions          │ and recorded
@@ -66,6 +68,7 @@ async fn route(
     Ok(match d.kind {
         Kind::Health | Kind::Admin => admin::handle(state, req).await,
         Kind::Control => super::control::handle(state, req).await,
+        Kind::Jobs => super::jobs::handle(state, req).await,
         Kind::Malformed(err) => call::reject(&state, d.api, None, &err).await,
         Kind::Refused(api, err) => call::reject(&state, api, None, &err).await,
         Kind::Call => {

@@ -30,6 +30,9 @@ pub struct State {
     /// Tasks that outlive their request (stream pumps, the records of
     /// dropped calls): shutdown waits for them.
     pub tasks: TaskTracker,
+    /// The job API (`/v1/jobs`), mounted by `app` once the server is bound
+    /// (it needs the server's address); unset: `/v1/jobs` answers 404.
+    pub jobs: std::sync::OnceLock<crate::http::Handler>,
     /// Cancelled when the server stops: long-lived answers (a followed
     /// feed) end.
     pub stopping: tokio_util::sync::CancellationToken,

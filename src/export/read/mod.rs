@@ -329,44 +329,53 @@ pub fn for_each_call(
     }
     let mut n = 0;
     for path in &files {
-        for batch in open_projected(path, CALL_COLUMNS)? {
-            let b = batch.map_err(|e| shard_err(path, e))?;
-            let (Some(rid), Some(seq)) = (col(&b, "rollout_id"), col(&b, "sequence")) else {
-                return Err(shard_err(path, "no rollout_id or sequence column"));
+        n += for_each_call_in(path, &mut each)?;
+    }
+    Ok(n)
+}
+
+/// Stream the call rows of one `calls/` shard file to `each`.
+pub fn for_each_call_in(
+    path: &Path,
+    mut each: impl FnMut(CallRec) -> Result<(), ExportError>,
+) -> Result<usize, ExportError> {
+    let mut n = 0;
+    for batch in open_projected(path, CALL_COLUMNS)? {
+        let b = batch.map_err(|e| shard_err(path, e))?;
+        let (Some(rid), Some(seq)) = (col(&b, "rollout_id"), col(&b, "sequence")) else {
+            return Err(shard_err(path, "no rollout_id or sequence column"));
+        };
+        for i in 0..b.num_rows() {
+            let (Some(rollout_id), Some(sequence)) = (str_at(Some(rid), i), i64_at(Some(seq), i))
+            else {
+                continue;
             };
-            for i in 0..b.num_rows() {
-                let (Some(rollout_id), Some(sequence)) =
-                    (str_at(Some(rid), i), i64_at(Some(seq), i))
-                else {
-                    continue;
-                };
-                each(CallRec {
-                    rollout_id,
-                    sequence,
-                    wire_api: str_at(col(&b, "wire_api"), i).unwrap_or_default(),
-                    model: str_at(col(&b, "model"), i),
-                    route: str_at(col(&b, "route"), i),
-                    status: str_at(col(&b, "status"), i).unwrap_or_default(),
-                    failure_class: str_at(col(&b, "failure_class"), i),
-                    messages: str_at(col(&b, "messages"), i),
-                    tools: str_at(col(&b, "tools"), i),
-                    response_message: str_at(col(&b, "response_message"), i),
-                    prompt_ids: ids_at(col(&b, "prompt_token_ids"), i),
-                    completion_ids: ids_at(col(&b, "completion_token_ids"), i),
-                    completion_logprobs: f64s_at(col(&b, "completion_logprobs"), i),
-                    user_agent: str_at(col(&b, "user_agent"), i),
-                    received_at: i64_at(col(&b, "received_at"), i).unwrap_or(0),
-                    prompt_tokens: i64_at(col(&b, "prompt_tokens"), i),
-                    completion_tokens: i64_at(col(&b, "completion_tokens"), i),
-                    policy_version: i64_at(col(&b, "policy_version"), i),
-                    attempt_of: i64_at(col(&b, "attempt_of"), i),
-                    side_call: bool_at(col(&b, "side_call"), i),
-                    history_len: None,
-                    continued: str_at(col(&b, "continued"), i),
-                    teacher_logprobs: None,
-                })?;
-                n += 1;
-            }
+            each(CallRec {
+                rollout_id,
+                sequence,
+                wire_api: str_at(col(&b, "wire_api"), i).unwrap_or_default(),
+                model: str_at(col(&b, "model"), i),
+                route: str_at(col(&b, "route"), i),
+                status: str_at(col(&b, "status"), i).unwrap_or_default(),
+                failure_class: str_at(col(&b, "failure_class"), i),
+                messages: str_at(col(&b, "messages"), i),
+                tools: str_at(col(&b, "tools"), i),
+                response_message: str_at(col(&b, "response_message"), i),
+                prompt_ids: ids_at(col(&b, "prompt_token_ids"), i),
+                completion_ids: ids_at(col(&b, "completion_token_ids"), i),
+                completion_logprobs: f64s_at(col(&b, "completion_logprobs"), i),
+                user_agent: str_at(col(&b, "user_agent"), i),
+                received_at: i64_at(col(&b, "received_at"), i).unwrap_or(0),
+                prompt_tokens: i64_at(col(&b, "prompt_tokens"), i),
+                completion_tokens: i64_at(col(&b, "completion_tokens"), i),
+                policy_version: i64_at(col(&b, "policy_version"), i),
+                attempt_of: i64_at(col(&b, "attempt_of"), i),
+                side_call: bool_at(col(&b, "side_call"), i),
+                history_len: None,
+                continued: str_at(col(&b, "continued"), i),
+                teacher_logprobs: None,
+            })?;
+            n += 1;
         }
     }
     Ok(n)

@@ -20,6 +20,9 @@ pub enum Kind {
     Admin,
     /// `/v1/admin/*`: weight sync (pause, resume, status), behind admin keys.
     Control,
+    /// `/v1/jobs[/...]`: the job API, mounted by `app`; behind admin keys
+    /// where they are configured, else client keys.
+    Jobs,
     /// A call to proxy.
     Call,
     /// Refused for its path or method (after the key check), answered in
@@ -56,6 +59,9 @@ pub fn classify(method: &Method, path: &str) -> Dispatch {
     }
     if path.starts_with("/v1/admin/") {
         return of(Kind::Control, chat, None);
+    }
+    if path == "/v1/jobs" || path.starts_with("/v1/jobs/") {
+        return of(Kind::Jobs, chat, None);
     }
     let (rollout, rest) = match path.strip_prefix("/rollouts/") {
         Some(r) => match r.split_once('/') {
@@ -144,6 +150,7 @@ mod tests {
             Kind::Malformed(e) => format!("malformed {}", e.code),
             Kind::Admin => "admin".to_owned(),
             Kind::Control => "control".to_owned(),
+            Kind::Jobs => "jobs".to_owned(),
             Kind::Call => format!("call {}", d.api.as_str()),
             Kind::Refused(api, e) => format!("refused {} {}", e.code, api.as_str()),
         };
@@ -184,6 +191,9 @@ mod tests {
         assert_eq!(kind(Method::POST, "/v1/rollouts/r1/finish").0, "admin");
         assert_eq!(kind(Method::PUT, "/v1/rollouts/r1/budget").0, "admin");
         assert_eq!(kind(Method::GET, "/v1/rollouts/feed").0, "admin");
+        assert_eq!(kind(Method::POST, "/v1/jobs").0, "jobs");
+        assert_eq!(kind(Method::GET, "/v1/jobs/job-1/groups").0, "jobs");
+        assert_ne!(kind(Method::GET, "/v1/jobsx").0, "jobs");
         assert_eq!(
             kind(Method::GET, "/rollouts/r1/v1/models"),
             ("admin".into(), None)

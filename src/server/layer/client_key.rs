@@ -29,8 +29,8 @@ pub fn client_key(h: &HeaderMap) -> Option<&str> {
 /// accepted `keys` (`None`: no keys are required).
 pub fn admits(keys: Option<&HashSet<String>>, d: &Dispatch, headers: &HeaderMap) -> bool {
     match (keys, &d.kind) {
-        // Control checks its own (admin) keys.
-        (None, _) | (_, Kind::Health | Kind::Malformed(_) | Kind::Control) => true,
+        // Control and the job API check their own (admin) keys.
+        (None, _) | (_, Kind::Health | Kind::Malformed(_) | Kind::Control | Kind::Jobs) => true,
         (Some(keys), _) => client_key(headers).is_some_and(|k| keys.contains(k)),
     }
 }

@@ -1,0 +1,200 @@
+//! One batch, whichever door it comes through: `rollcall batch` on the
+//! command line, or a job of `rollcall serve`'s job API (`crate::jobs`).
+//! Both build a [`Plan`], which checks everything that can be checked
+//! before a container starts, then [`run`] it against a proxy.
+//!
+//! ```text
+//! Plan::new ─ checks: name, tasks, harness known, [container] recipe, installed, bridge
+//! run ─▶ lock the name ─▶ Docker ─▶ sweep dead batches ─▶ bridge ─▶ batch::run ─▶ remove all
+//! ```
+
+use super::backend::docker::Docker;
+use super::backend::{Backend, Limits};
+use super::batch::{Observer, Sampling};
+use super::sample::Context;
+use super::summary::Summary;
+use super::{bridge, lock, place, RolloutError};
+use crate::grade::Instance;
+use crate::harness::{Adapter, HarnessError, Placement};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// A batch, checked and ready to run.
+pub struct Plan {
+    /// The prefix of its rollout ids; the same name again resumes it.
+    pub name: String,
+    pub tasks: Vec<Instance>,
+    pub adapter: Adapter,
+    /// Where harnesses are installed (absolute).
+    pub root: PathBuf,
+    pub model: String,
+    pub sampling: Sampling,
+    pub concurrency: usize,
+    /// Attempts after an infrastructure fault.
+    pub retries: usize,
+    pub timeout: Duration,
+    pub grade_timeout: Duration,
+    /// Grade a rollout whose harness timed out, on the patch it left.
+    pub grade_timeouts: bool,
+    pub limits: Limits,
+    pub budget: Option<crate::config::Budget>,
+    /// Arguments appended to the harness's command line.
+    pub extra_args: Vec<String>,
+    /// The key the harness presents to the proxy.
+    pub api_key: String,
+    /// Logs, patches (and, for the command line, summary.json).
+    pub out: PathBuf,
+    /// The shards the proxy records into: read to resume.
+    pub shards: PathBuf,
+}
+
+/// What [`Plan::new`] needs besides the settings that go into the plan as
+/// they are.
+pub struct Ask {
+    pub name: String,
+    pub harness: String,
+    pub tasks: Vec<Instance>,
+    /// Harness install root; `None`: the default.
+    pub root: Option<PathBuf>,
+}
+
+/// The in-container end of the proxy bridge, beside this binary.
+fn bridge_bin() -> Result<PathBuf, RolloutError> {
+    let exe = std::env::current_exe().map_err(|source| RolloutError::Io {
+        path: PathBuf::from("/proc/self/exe"),
+        source,
+    })?;
+    Ok(exe.with_file_name("rollcall-bridge"))
+}
+
+impl Ask {
+    /// Check what can be checked before anything starts: a valid name, at
+    /// least one task, a known harness with a `[container]` recipe, installed,
+    /// and the bridge binary where the harness runs inside the container.
+    /// Returns the adapter and the absolute install root.
+    pub fn check(&self) -> Result<(Adapter, PathBuf), RolloutError> {
+        crate::record::check_rollout_id(&self.name)
+            .map_err(|e| RolloutError::Name(self.name.clone(), e.to_string()))?;
+        if self.tasks.is_empty() {
+            return Err(RolloutError::NoTasks);
+        }
+        let adapter = Adapter::get(&self.harness)?;
+        place::recipe(&adapter)?;
+        let root = self
+            .root
+            .clone()
+            .unwrap_or_else(crate::harness::default_root);
+        let root = std::path::absolute(&root).map_err(|source| RolloutError::Io {
+            path: root.clone(),
+            source,
+        })?;
+        if !adapter.bin(&root).exists() {
+            return Err(
+                HarnessError::NotInstalled(adapter.name.clone(), adapter.dir(&root)).into(),
+            );
+        }
+        let placement = adapter.container.as_ref().map(|c| c.placement);
+        let bin = bridge_bin()?;
+        if placement == Some(Placement::Inside) && !bin.exists() {
+            return Err(RolloutError::BridgeMissing(bin));
+        }
+        Ok((adapter, root))
+    }
+}
+
+/// Run `plan` against the proxy at `proxy` (`http://HOST:PORT`), until it is
+/// done or `cancel` fires; every container of the batch is removed before
+/// it returns, whatever happened.
+pub async fn run(
+    plan: Plan,
+    proxy: &str,
+    cancel: CancellationToken,
+    observer: Arc<dyn Observer>,
+) -> Result<Summary, RolloutError> {
+    let name = plan.name.clone();
+    // One batch per name at a time; this run's own lock marks its
+    // containers as alive.
+    let Some(_run_lock) = lock::try_lock(&lock::dir().join(format!("run-{name}.lock")))? else {
+        return Err(RolloutError::Busy(name));
+    };
+    let batch_id = format!("{name}-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let Some(_alive) = lock::try_lock(&lock::batch_file(&batch_id))? else {
+        return Err(RolloutError::Busy(batch_id));
+    };
+    let backend = Docker::connect(&batch_id).await?;
+    for (dead, n) in backend.batches().await? {
+        if dead != batch_id && !lock::alive(&dead)? {
+            let removed = backend.remove_batch(&dead).await?;
+            tracing::warn!(batch = %dead, removed, of = n, "removed the containers a dead batch left");
+            let _ = std::fs::remove_file(lock::batch_file(&dead));
+        }
+    }
+    let mut images: Vec<String> = plan.tasks.iter().map(|t| t.image()).collect();
+    images.sort();
+    images.dedup();
+    for image in &images {
+        if !backend.has_image(image).await? {
+            tracing::warn!(%image, "image missing; its tasks will be infrastructure errors");
+        }
+    }
+    std::fs::create_dir_all(&plan.out).map_err(|source| RolloutError::Io {
+        path: plan.out.clone(),
+        source,
+    })?;
+    let proxy_addr = proxy
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let sock_dir = std::env::temp_dir().join(format!("rollcall-{batch_id}"));
+    let host_bridge =
+        bridge::HostBridge::start(&sock_dir, proxy_addr).map_err(|source| RolloutError::Io {
+            path: sock_dir.clone(),
+            source,
+        })?;
+    let mounts = place::mounts(&plan.adapter, &plan.root, &bridge_bin()?, &sock_dir);
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .map_err(|e| RolloutError::Setup(format!("the HTTP client: {e}")))?;
+    let ctx = Arc::new(Context {
+        backend: backend.clone(),
+        adapter: plan.adapter,
+        root: plan.root,
+        model: plan.model,
+        api_key: plan.api_key,
+        proxy: proxy.trim_end_matches('/').to_owned(),
+        client,
+        run: name,
+        limits: plan.limits,
+        timeout: plan.timeout,
+        grade_timeout: plan.grade_timeout,
+        grade_timeouts: plan.grade_timeouts,
+        retries: plan.retries,
+        extra_args: plan.extra_args,
+        budget: plan.budget,
+        mounts,
+        out: plan.out,
+        cancel,
+    });
+    let result = super::batch::run(
+        ctx,
+        &plan.tasks,
+        plan.sampling,
+        plan.concurrency,
+        &plan.shards,
+        observer,
+    )
+    .await;
+    // Whatever happened, nothing of this batch stays behind.
+    let removed = backend.remove_batch(&batch_id).await;
+    drop(host_bridge);
+    let _ = std::fs::remove_dir_all(&sock_dir);
+    let _ = std::fs::remove_file(lock::batch_file(&batch_id));
+    if let Err(e) = removed {
+        tracing::warn!(error = %e, "could not remove every container of the batch");
+    }
+    result
+}
