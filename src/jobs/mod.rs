@@ -57,7 +57,9 @@ pub enum JobError {
     #[error("the job cannot run: {0}")]
     Rollout(#[from] crate::rollout::RolloutError),
     /// the job queue is full
-    #[error("the job queue is full ({0} jobs waiting); try again when one has started")]
+    #[error(
+        "the job queue is full ({0} jobs queued, jobs.max_queued); try again when one has started"
+    )]
     QueueFull(usize),
     /// no such job
     #[error("no job {0}")]
@@ -254,7 +256,9 @@ struct Inner {
     recorder: Recorder,
     policy: PolicyVersion,
     jobs: RwLock<BTreeMap<String, Arc<Job>>>,
-    queue: mpsc::Sender<Arc<Job>>,
+    /// To the dispatcher. Unbounded as a channel; what bounds it is the
+    /// admission check: at most `max_queued` jobs are in state `queued`.
+    queue: mpsc::UnboundedSender<Arc<Job>>,
 }
 
 /// The job registry and runner. Cheap to clone.
@@ -272,7 +276,7 @@ impl Jobs {
     ) -> Result<Jobs, JobError> {
         std::fs::create_dir_all(&settings.dir)
             .map_err(|e| JobError::Io(settings.dir.clone(), e))?;
-        let (queue, rx) = mpsc::channel(settings.max_queued.max(1));
+        let (queue, rx) = mpsc::unbounded_channel();
         let running = Arc::new(Semaphore::new(settings.max_running.max(1)));
         let jobs = Jobs(Arc::new(Inner {
             settings,
@@ -315,7 +319,7 @@ impl Jobs {
                     r.state = State::Queued;
                     r.resumed += 1;
                 })?;
-                if let Err(e) = self.0.queue.try_send(job.clone()) {
+                if let Err(e) = self.0.queue.send(job.clone()) {
                     let why = format!("not resumed after a restart: {e}");
                     job.update(|r| {
                         r.state = State::Failed;
@@ -375,11 +379,13 @@ impl Jobs {
         let id = format!("job-{}", &uuid::Uuid::now_v7().simple().to_string()[..16]);
         let dir = self.0.settings.dir.join(&id);
         spec.plan(&id, &self.site(), dir.join("out"))?;
-        let permit = self
-            .0
-            .queue
-            .try_reserve()
-            .map_err(|_| JobError::QueueFull(self.0.settings.max_queued))?;
+        // Admission and insertion under one lock: two submits cannot both
+        // take the last place.
+        let mut jobs = self.0.jobs.write().map_err(|_| JobError::Poisoned)?;
+        let queued = jobs.values().filter(|j| j.state() == State::Queued).count();
+        if queued >= self.0.settings.max_queued {
+            return Err(JobError::QueueFull(queued));
+        }
         std::fs::create_dir_all(&dir).map_err(|e| JobError::Io(dir.clone(), e))?;
         let record = Record {
             id: id.clone(),
@@ -397,8 +403,17 @@ impl Jobs {
             return Err(e);
         }
         let job = Arc::new(self.job(dir, record)?);
-        self.insert(job.clone())?;
-        permit.send(job.clone());
+        jobs.insert(id, job.clone());
+        drop(jobs);
+        if self.0.queue.send(job.clone()).is_err() {
+            // The dispatcher is gone (the server is stopping).
+            self.end(
+                &job,
+                State::Failed,
+                Some("the server is stopping".into()),
+                None,
+            );
+        }
         Ok(job.status())
     }
 
@@ -448,7 +463,7 @@ impl Jobs {
     }
 
     /// Start queued jobs, `max_running` at a time, in the order they came.
-    async fn dispatch(self, mut rx: mpsc::Receiver<Arc<Job>>, running: Arc<Semaphore>) {
+    async fn dispatch(self, mut rx: mpsc::UnboundedReceiver<Arc<Job>>, running: Arc<Semaphore>) {
         while let Some(job) = rx.recv().await {
             if job.state() != State::Queued {
                 continue;
@@ -506,6 +521,11 @@ impl Jobs {
         job.wake.notify_one();
         let last = self.clone().materialize_pending(job.clone()).await;
         materializer.abort();
+        // Every row of the job (a cancelled rollout's finish too) is in a
+        // published shard once the job says it ended.
+        if let Err(e) = self.0.recorder.publish().await {
+            tracing::warn!(job = %id, error = %e, "could not publish the job's last rows");
+        }
         match (result, last) {
             (Ok(summary), Ok(())) => {
                 let state = if summary.interrupted || job.cancel.is_cancelled() {
