@@ -1,0 +1,150 @@
+"""TRL's GRPOTrainer driving rollcall online (`rollcall_data.trl.Online`):
+two real GRPO steps on the CPU, each step's rollouts a job of `rollcall
+serve`'s job API, run by mini-swe-agent in Docker containers against the
+embedded model, graded by hidden tests; after each step the weights go to
+the embedded route as the next policy version.
+
+Checked: the parameters change; the second step's calls carry the first
+step's policy version; the token ids TRL trained on are the ids recorded
+in the shards; the rewards TRL saw are the graded ones.
+
+Runs in the trainers' venv (TRL 1.16) with `make test`, after dockerd, the
+task images, mini-swe-agent and the model are installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from trl import GRPOConfig, GRPOTrainer
+
+import rollcall_harness as h
+from rollcall_data.trl import Online
+
+ADMIN = "online-admin"
+FAMILY = h.REPO_ROOT / "fixtures" / "tasks" / "inflection" / "tasks.jsonl"
+# One command solves it: the 135M model, sampling at temperature 0.7 under
+# a short prompt, writes it (or another command that creates the file)
+# about half the time, so a group's rewards differ.
+TEST_PATCH = """diff --git a/tests/test_done.py b/tests/test_done.py
+new file mode 100644
+--- /dev/null
++++ b/tests/test_done.py
+@@ -0,0 +1,5 @@
++import pathlib
++
++
++def test_done():
++    assert pathlib.Path("DONE.txt").exists()
+"""
+PROBLEM = """Create the file DONE.txt holding the word done. Run this command:
+
+```bash
+echo done > DONE.txt
+```"""
+TEXT_MODE = ["-c", "mini_textbased.yaml", "-c", "model.model_class=litellm_textbased",
+             "-c", r"model.action_regex=\A(?:(?!```).)*```(?:mswea_bash_command|bash|sh)?[ \t]*\n(.*?)\n```",
+             "-c", "agent.system_template=You are a helpful assistant that runs shell commands. "
+                   "Answer with one bash command in a ```bash code block.",
+             "-c", "agent.instance_template={{task}}",
+             "-c", "agent.step_limit=1"]
+
+
+def tasks(n: int) -> list[dict]:
+    base = json.loads(FAMILY.read_text().splitlines()[0])
+    if subprocess.run(["docker", "images", "-q", base["image"]], capture_output=True, text=True).stdout.strip() == "":
+        pytest.fail(f"task image {base['image']} is missing: run `make task-image`")
+    out = []
+    for i in range(n):
+        t = dict(base)
+        t.update(instance_id=f"done-{i}", problem_statement=PROBLEM, test_patch=TEST_PATCH,
+                 FAIL_TO_PASS=["tests/test_done.py::test_done"], PASS_TO_PASS=[], patch=None)
+        out.append(t)
+    return out
+
+
+def serve(tmp_path: Path, gguf: Path) -> h.Proxy:
+    toml = f"""
+[server]
+admin_keys_env = "TEST_ADMIN_KEYS"
+[shards]
+max_age_secs = 3600
+[[routes]]
+name = "smol"
+kind = "embedded"
+[routes.embedded]
+model_file = "{gguf}"
+default_max_tokens = 48
+default_temperature = 0.7
+kv_slots = 4
+"""
+    env = {"TEST_ADMIN_KEYS": ADMIN, "ROLLCALL_HARNESS_DIR": os.environ.get(
+        "ROLLCALL_HARNESS_DIR", str(Path.home() / ".cache" / "rollcall" / "harnesses"))}
+    return h.start_proxy(tmp_path, "unused", toml=toml, env=env)
+
+
+def test_two_grpo_steps_through_the_job_api(gguf, tmp_path, monkeypatch):
+    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        pytest.fail("no Docker daemon answers: run .ci/docker-up (make test does)")
+    p = serve(tmp_path, gguf)
+    try:
+        tok, model = h.plain_model_from_gguf(gguf)
+        before = {k: v.detach().clone() for k, v in model.named_parameters()}
+        job = {"tasks": tasks(2), "harness": "mini-swe-agent", "model": "smol", "concurrency": 4,
+               "timeout_secs": 300, "grade_timeout_secs": 300, "harness_args": TEXT_MODE}
+        online = Online(p.url, job, key=ADMIN)
+        monkeypatch.chdir(tmp_path)
+        trainer = GRPOTrainer(
+            model=model,
+            processing_class=tok,
+            reward_funcs=online.reward,
+            train_dataset=online.prompts(),
+            rollout_func=online.rollout_func,
+            callbacks=[online.callback()],
+            args=GRPOConfig(output_dir=str(tmp_path / "grpo"), num_generations=8, per_device_train_batch_size=8,
+                            max_steps=2, learning_rate=1e-5, report_to="none", use_cpu=True, shuffle_dataset=False,
+                            logging_steps=1, save_strategy="no"),
+        )
+        trainer.train()
+        assert trainer.state.global_step == 2
+        assert [s["policy_version"] for s in online.steps] == [0, 1]
+
+        # What the shards recorded for the two jobs.
+        calls = h.duck_dicts(p.shards, "SELECT rollout_id, sequence, prompt_token_ids, completion_token_ids, "
+                                       "policy_version FROM t ORDER BY rollout_id, sequence")
+        fins = {r["rollout_id"]: r for r in h.duck_dicts(
+            p.shards, "SELECT rollout_id, reward, status, epoch_us(finished_at) AS fin_at FROM t ORDER BY fin_at",
+            kind="rollouts")}
+        by_rollout: dict[str, list[dict]] = {}
+        for c in calls:
+            by_rollout.setdefault(c["rollout_id"], []).append(c)
+        varied = False
+        for step in online.steps:
+            rows = step["rows"]
+            assert len(rows["rollout_id"]) == 8
+            graded = [r for r in rows["reward"]]
+            varied |= len(set(graded)) > 1
+            for i, rid in enumerate(rows["rollout_id"]):
+                assert rid.startswith(step["job"] + ".")
+                recorded = by_rollout[rid]
+                # The second step's calls ran under the weights of the first.
+                assert {c["policy_version"] for c in recorded} == {step["policy_version"]}
+                assert fins[rid]["status"] == "completed"
+                # The rewards are the graded ones.
+                assert rows["reward"][i] == fins[rid]["reward"]
+                # The ids TRL trained on are the recorded ones, token for token.
+                assert rows["prompt_ids"][i] == list(recorded[0]["prompt_token_ids"])
+                sampled = [t for t, m in zip(rows["completion_ids"][i], rows["env_mask"][i]) if m]
+                assert sampled == [t for c in recorded for t in c["completion_token_ids"]]
+        assert varied, "no group had rewards that differ: GRPO had nothing to learn from"
+        changed = [k for k, v in model.named_parameters() if not torch.equal(v.detach(), before[k])]
+        assert changed, "no parameter changed"
+        routes = online.client.routes()
+        assert routes["smol"]["policy_version"] == 2
+    finally:
+        p.kill()
