@@ -210,6 +210,9 @@ impl Batch {
                     }
                 }
                 let server = crate::app::build(cfg).await?;
+                // What the write-ahead log replayed (a killed batch's calls)
+                // is published before resuming reads the shards.
+                server.state.recorder.publish().await?;
                 let url = format!("http://{}", server.addr);
                 let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
                 let task = tokio::spawn(server.run(async move {

@@ -506,6 +506,12 @@ impl Jobs {
             r.state = State::Running;
             r.started_at.get_or_insert(crate::now_micros());
         });
+        // Rows the write-ahead log replayed at start (a killed run's calls)
+        // are published first: resuming reads them to tell which attempts
+        // were used.
+        if let Err(e) = self.0.recorder.publish().await {
+            tracing::warn!(job = %id, error = %e, "could not publish the shards before the job");
+        }
         let materializer = tokio::spawn(self.clone().materialize(job.clone()));
         let plan = spec.plan(&id, &self.site(), job.dir.join("out"));
         let result = match plan {

@@ -38,28 +38,32 @@ struct Earlier {
     rollout: String,
 }
 
+/// The (task, sample, attempt) a rollout id of run `prefix` (`RUN.`)
+/// names: `<task>.s<k>.a<j>`, where the task id may itself hold dots.
+fn parse_rollout(id: &str, prefix: &str) -> Option<(String, usize, usize)> {
+    let rest = id.strip_prefix(prefix)?;
+    let mut parts = rest.rsplitn(3, '.');
+    let (a, s, task) = (parts.next()?, parts.next()?, parts.next()?);
+    let a = a.strip_prefix('a')?.parse::<usize>().ok()?;
+    let s = s.strip_prefix('s')?.parse::<usize>().ok()?;
+    Some((task.to_owned(), s, a))
+}
+
 /// What the shards say about this run: per (task, sample), the latest
 /// attempt and whether it is finished for good (not an infrastructure
-/// fault, not cancelled).
+/// fault, not cancelled). An attempt with recorded calls but no finish (the
+/// run was killed in the middle of it) counts as used: the sample runs
+/// again as the next attempt, so that its calls never share a rollout id
+/// with the interrupted ones.
 fn earlier(shards: &Path, run: &str) -> Result<BTreeMap<(String, usize), Earlier>, RolloutError> {
     let mut out: BTreeMap<(String, usize), Earlier> = BTreeMap::new();
     if !shards.exists() {
         return Ok(out);
     }
     let prefix = format!("{run}.");
-    for (id, info) in crate::export::read::read_rollouts(shards)? {
-        let Some(rest) = id.strip_prefix(&prefix) else {
-            continue;
-        };
-        // <task>.s<k>.a<j>, where the task id may itself hold dots.
-        let mut parts = rest.rsplitn(3, '.');
-        let (Some(a), Some(s), Some(task)) = (parts.next(), parts.next(), parts.next()) else {
-            continue;
-        };
-        let (Some(a), Some(s)) = (
-            a.strip_prefix('a').and_then(|x| x.parse::<usize>().ok()),
-            s.strip_prefix('s').and_then(|x| x.parse::<usize>().ok()),
-        ) else {
+    let finished = crate::export::read::read_rollouts(shards)?;
+    for (id, info) in &finished {
+        let Some((task, s, a)) = parse_rollout(id, &prefix) else {
             continue;
         };
         let Some(status) = Status::parse(&info.status) else {
@@ -77,10 +81,38 @@ fn earlier(shards: &Path, run: &str) -> Result<BTreeMap<(String, usize), Earlier
             attempt: a,
             rollout: id.clone(),
         };
-        match out.get(&(task.to_owned(), s)) {
+        match out.get(&(task.clone(), s)) {
             Some(old) if old.attempt > a => {}
             _ => {
-                out.insert((task.to_owned(), s), e);
+                out.insert((task, s), e);
+            }
+        }
+    }
+    // Attempts that recorded calls and never finished.
+    let files = crate::export::read::shard_files(shards, "calls")?;
+    let mut unfinished: BTreeMap<(String, usize), usize> = BTreeMap::new();
+    crate::export::read::for_each_call_brief(&files, |c| {
+        if !finished.contains_key(&c.rollout_id) {
+            if let Some((task, s, a)) = parse_rollout(&c.rollout_id, &prefix) {
+                let e = unfinished.entry((task, s)).or_insert(a);
+                *e = (*e).max(a);
+            }
+        }
+        Ok(())
+    })?;
+    for (key, a) in unfinished {
+        let interrupted = |rollout: String| Earlier {
+            status: Status::Cancelled,
+            reward: None,
+            metadata: Value::Null,
+            attempt: a,
+            rollout,
+        };
+        match out.get(&key) {
+            Some(old) if old.attempt >= a => {}
+            _ => {
+                let id = rollout_id(run, &key.0, key.1, a);
+                out.insert(key, interrupted(id));
             }
         }
     }
@@ -382,5 +414,21 @@ fn per_task_k(sampling: Sampling) -> usize {
     match sampling {
         Sampling::Fixed(k) => k,
         Sampling::Adaptive(b) => b.n,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_rollout;
+
+    #[test]
+    fn rollout_ids_name_task_sample_and_attempt() {
+        assert_eq!(
+            parse_rollout("run.my.task.s3.a1", "run."),
+            Some(("my.task".to_owned(), 3, 1))
+        );
+        assert_eq!(parse_rollout("other.t.s0.a0", "run."), None);
+        assert_eq!(parse_rollout("run.t.sx.a0", "run."), None);
+        assert_eq!(parse_rollout("run.t.s0", "run."), None);
     }
 }

@@ -171,16 +171,24 @@ def test_cancel_removes_every_container_and_records_cancelled(family, upstream, 
 
 
 def test_a_job_outlives_a_server_killed_mid_job(family, upstream, make_proxy, tmp_path):
-    """SIGKILL the server after the first group is out: the restarted
-    server resumes the job from the shards (the finished group is not run
-    again) and delivers the rest after the same cursor."""
+    """SIGKILL the server after the first group is out, while the second
+    task's rollout runs: the restarted server resumes the job from the
+    shards (the finished group is not run again, the interrupted sample
+    runs as its next attempt) and delivers the rest after the same
+    cursor."""
     quick, slow = family[0], family[1]
-    tasks = [scripted(quick, [apply_b64(quick["patch"]), SUBMIT]), scripted(slow, ["sleep 4", SUBMIT])]
+    tasks = [scripted(quick, [apply_b64(quick["patch"]), SUBMIT]), scripted(slow, ["sleep 8", SUBMIT])]
     shards = tmp_path / "kept-shards"
     p = make_proxy(toml=toml(upstream), env=harness_env(), shards=shards)
     job = submit(p.url, job_body(tasks, samples=1, concurrency=1))
     first = api(p.url, "GET", f"/v1/jobs/{job}/groups?after=0&wait=60", timeout=90).json()
     assert [g["task"] for g in first["groups"]] == [quick["instance_id"]], first
+    # The quick rollout made two calls; the slow one's first call (which
+    # answers `sleep 8`) is the third: kill the server while it sleeps.
+    deadline = time.time() + 60
+    while 'rollcall_calls_total{wire_api="chat_completions",status="ok"} 3' not in h.metrics_text(p.url):
+        assert time.time() < deadline, h.metrics_text(p.url)
+        time.sleep(0.1)
     os.kill(p.proc.popen.pid, signal.SIGKILL)
     p.proc.popen.wait(timeout=30)
 
@@ -194,6 +202,14 @@ def test_a_job_outlives_a_server_killed_mid_job(family, upstream, make_proxy, tm
     fins = h.duck_dicts(shards, "SELECT rollout_id, status FROM t", kind="rollouts")
     quick_ids = [f["rollout_id"] for f in fins if f["rollout_id"].startswith(f"{job}.{quick['instance_id']}.")]
     assert quick_ids == [f"{job}.{quick['instance_id']}.s0.a0"]
+    # The slow task's interrupted attempt recorded its call and never
+    # finished: the resumed sample runs as the next attempt, so its calls
+    # never share a rollout id with the interrupted ones.
+    slow_prefix = f"{job}.{slow['instance_id']}.s0."
+    assert [f["rollout_id"] for f in fins if f["rollout_id"].startswith(slow_prefix)] == [slow_prefix + "a1"]
+    assert rest["groups"][0]["samples"][0]["rollout_id"] == slow_prefix + "a1"
+    called = {r["rollout_id"] for r in h.duck_dicts(shards, "SELECT DISTINCT rollout_id FROM t")}
+    assert slow_prefix + "a0" in called
     assert leftovers(job) == []
 
 
