@@ -367,13 +367,8 @@ pub fn each_rollout(
         &scratch,
         partition::ROWS_PER_PARTITION,
         |c| {
-            if pass.tokens_only && c.has_token_ids() {
-                c.history_len = c.messages.as_deref().and_then(|m| {
-                    serde_json::from_str::<Vec<serde::de::IgnoredAny>>(m)
-                        .ok()
-                        .map(|v| v.len() as i64)
-                });
-                (c.messages, c.tools, c.response_message) = (None, None, None);
+            if pass.tokens_only {
+                c.keep_tokens_only();
             }
             true
         },

@@ -174,8 +174,9 @@ impl Scan {
                 .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
                 .map_or(i64::MAX, |d| d.as_micros() as i64);
             if modified >= since {
-                read::for_each_call_in(&f, |c| {
+                read::for_each_call_in(&f, |mut c| {
                     if c.rollout_id.starts_with(prefix) {
+                        c.keep_tokens_only();
                         self.rows.entry(c.rollout_id.clone()).or_default().push(c);
                     }
                     Ok(())

@@ -600,6 +600,7 @@ impl Jobs {
         if pending.is_empty() {
             return Ok(());
         }
+        let t0 = std::time::Instant::now();
         if let Err(e) = self.0.recorder.publish().await {
             // Keep them for the next try.
             if let Ok(mut p) = job.pending.lock() {
@@ -607,6 +608,7 @@ impl Jobs {
             }
             return Err(e.into());
         }
+        let published = t0.elapsed();
         let shards = self.0.settings.shards.clone();
         let j = job.clone();
         tokio::task::spawn_blocking(move || {
@@ -621,6 +623,7 @@ impl Jobs {
                 }
                 return Err(e);
             }
+            let read = t0.elapsed();
             for g in &pending {
                 if j.log.has(&g.group) {
                     continue;
@@ -628,6 +631,13 @@ impl Jobs {
                 let line = groups::build(&mut scan, g);
                 j.log.append(&g.group, &line)?;
             }
+            tracing::debug!(
+                groups = pending.len(),
+                publish_ms = published.as_secs_f64() * 1e3,
+                read_ms = (read - published).as_secs_f64() * 1e3,
+                build_ms = (t0.elapsed() - read).as_secs_f64() * 1e3,
+                "groups written"
+            );
             Ok(())
         })
         .await

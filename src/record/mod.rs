@@ -368,6 +368,10 @@ pub struct RecorderStats {
     /// The last failure of each stage, cleared by its next success.
     wal_error: Mutex<Option<String>>,
     shard_error: Mutex<Option<String>>,
+    /// Moves the shard writer to a fair share of the CPU (set by its
+    /// thread when it starts): a publication someone waits for must not
+    /// wait on a writer in the idle class.
+    pub(crate) shard_boost: std::sync::OnceLock<shard::priority::Boost>,
 }
 
 /// A stage busy on one piece of work for longer than this is stuck.
@@ -381,6 +385,14 @@ fn set(slot: &Mutex<Option<String>>, v: Option<String>) -> bool {
 }
 
 impl RecorderStats {
+    /// Give the shard writer a fair share of the CPU until it has emptied
+    /// its queue (`Recorder::publish`, once the request is on that queue).
+    pub(crate) fn boost_shard_writer(&self) {
+        if let Some(b) = self.shard_boost.get() {
+            b.boost();
+        }
+    }
+
     /// The WAL's last write failed (and none has succeeded since).
     pub(crate) fn wal_failing(&self) -> bool {
         self.wal_error

@@ -3,7 +3,7 @@
 //! when it reaches `max_rows`, `max_bytes` or `max_age_secs`. A rename is
 //! atomic, so readers globbing `*.parquet` never see a half-written file.
 
-mod priority;
+pub(crate) mod priority;
 mod stage;
 pub use stage::LINGER;
 pub(crate) use stage::{run, Queues};

@@ -506,11 +506,16 @@ fn commit(w: &mut Writer, batch: Batch, shard_tx: &mpsc::Sender<ShardItem>) {
         }
         forward.push(item);
     }
-    let publish = batch.publish.into_iter().map(ShardItem::Publish);
-    for item in forward.into_iter().chain(publish) {
+    let publish = !batch.publish.is_empty();
+    let publications = batch.publish.into_iter().map(ShardItem::Publish);
+    for item in forward.into_iter().chain(publications) {
         if shard_tx.blocking_send(item).is_err() {
             tracing::error!("shard writer stopped; rows stay in the WAL until restart");
         }
+    }
+    if publish {
+        // Someone waits for it: the writer must not sit in the idle class.
+        w.stats.boost_shard_writer();
     }
 }
 

@@ -101,6 +101,21 @@ impl CallRec {
     pub fn has_token_ids(&self) -> bool {
         self.prompt_ids.is_some() && self.completion_ids.is_some()
     }
+
+    /// For readers of token ids only (the RL export, the job API's groups):
+    /// a call with token ids keeps its history's length and drops its JSON
+    /// text (messages, tools, response message), half of its memory.
+    pub fn keep_tokens_only(&mut self) {
+        if !self.has_token_ids() {
+            return;
+        }
+        self.history_len = self.messages.as_deref().and_then(|m| {
+            serde_json::from_str::<Vec<serde::de::IgnoredAny>>(m)
+                .ok()
+                .map(|v| v.len() as i64)
+        });
+        (self.messages, self.tools, self.response_message) = (None, None, None);
+    }
 }
 
 /// The finish row of a rollout that the exports use (the latest, or the

@@ -157,6 +157,35 @@ impl Priority {
 /// The watcher: every [`STARVED`], a writer in the idle class that has
 /// held one batch for [`HELD`] moves to a fair share. Ends with the
 /// writer.
+/// A handle that moves the writer to a fair share from another thread (the
+/// WAL writer, once it has queued a publication someone waits for); the
+/// writer goes back to the idle class by itself once its queue is empty.
+pub(crate) struct Boost(Weak<Shared>);
+
+impl std::fmt::Debug for Boost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Boost")
+    }
+}
+
+impl Boost {
+    pub(crate) fn boost(&self) {
+        let Some(shared) = self.0.upgrade() else {
+            return;
+        };
+        let mut class = shared.class.lock().unwrap_or_else(|p| p.into_inner());
+        if *class == Some(Class::Low) && set(shared.tid, Class::Fair) {
+            *class = Some(Class::Fair);
+        }
+    }
+}
+
+impl Priority {
+    pub(crate) fn boost(&self) -> Boost {
+        Boost(Arc::downgrade(&self.shared))
+    }
+}
+
 fn watch(shared: Weak<Shared>, busy_since: impl Fn() -> i64) {
     let held = i64::try_from(HELD.as_micros()).unwrap_or(i64::MAX);
     loop {

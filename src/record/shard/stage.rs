@@ -109,6 +109,7 @@ pub(crate) fn run(
 ) {
     let busy = Arc::clone(stats);
     let mut priority = Priority::new(move || busy.shard_busy_since.load(Ordering::Relaxed));
+    let _ = stats.shard_boost.set(priority.boost());
     let capacity = q.rows.max_capacity();
     loop {
         let backlog = q.rows.len();
