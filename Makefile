@@ -165,6 +165,7 @@ bench: bench-tools $(LITELLM_VENV)/.installed $(VENV)/.llamacpp-installed $(VENV
 	$(VENV)/bin/python benches/engine_vs_llamacpp.py --bin $(BIN)
 	$(MAKE) --no-print-directory task-image
 	$(VENV)/bin/python benches/batch.py --bin $(BIN)
+	$(VENV)/bin/python benches/jobs.py --bin $(BIN)
 	$(VENV)/bin/python benches/serving.py --bin $(BIN)
 	$(VENV)/bin/python benches/recipes.py --bin $(BIN)
 

@@ -569,6 +569,10 @@ impl Jobs {
     }
 
     fn end(&self, job: &Job, state: State, error: Option<String>, summary: Option<Value>) {
+        // The rows kept for groups that never ended (a cancelled job's) go.
+        if let Ok(mut scan) = job.scan.lock() {
+            *scan = Scan::default();
+        }
         if let Err(e) = job.update(|r| {
             r.state = state;
             r.error = error;
