@@ -67,3 +67,4 @@ def batch(path: str | Path, pad_token_id: int = 0) -> dict:
         "uid": np.array([s["extra_fields"]["uid"] for s in samples], dtype=object),
         "sample_id": np.array([s["extra_fields"]["sample_id"] for s in samples], dtype=object),
     }
+

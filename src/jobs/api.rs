@@ -7,7 +7,10 @@
 //! GET    /v1/jobs/{id}                 {"id", "state", "counts", ...}
 //! DELETE /v1/jobs/{id}                 cancel; answers once the job has stopped (≤ 120 s)
 //! GET    /v1/jobs/{id}/groups          ?after=CURSOR&limit=N&max_staleness=N&wait=SECS
+//! POST   /v1/jobs/{id}/claim           {"task", "wait"?} ─▶ the next sample of the task's group no one took
 //! ```
+//!
+//! A POST with the `key` of an existing job answers 200 with that job.
 //!
 //! Every error is `{"error": {"message", "type", "code"}}` with the status
 //! [`JobError::status`] names.
@@ -49,6 +52,14 @@ fn method_not_allowed(allowed: &str) -> Response<ProxyBody> {
         405,
         &json!({"error": {"message": format!("use {allowed}"), "type": "invalid_request_error", "code": "method_not_allowed"}}),
     )
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Claim {
+    task: String,
+    #[serde(default)]
+    wait: f64,
 }
 
 struct GroupsQuery {
@@ -102,7 +113,7 @@ pub async fn handle(jobs: Jobs, req: Request<Bytes>) -> Response<ProxyBody> {
     match parts.as_slice() {
         [] => match method {
             Method::POST => match jobs.submit(req.body()) {
-                Ok(status) => json_response(201, &status),
+                Ok((created, status)) => json_response(if created { 201 } else { 200 }, &status),
                 Err(e) => error(&e),
             },
             Method::GET => match jobs.list() {
@@ -139,6 +150,28 @@ pub async fn handle(jobs: Jobs, req: Request<Bytes>) -> Response<ProxyBody> {
             }
             match jobs.groups(&job, q.after, q.limit, q.max_staleness) {
                 Ok(v) => json_response(200, &v),
+                Err(e) => error(&e),
+            }
+        }
+        [id, "claim"] => {
+            if method != Method::POST {
+                return method_not_allowed("POST");
+            }
+            let ask: Claim = match serde_json::from_slice(req.body()) {
+                Ok(c) => c,
+                Err(e) => return bad(format!("a claim is {{\"task\": ID, \"wait\"?: SECS}}: {e}")),
+            };
+            let job = match jobs.get(id) {
+                Ok(j) => j,
+                Err(e) => return error(&e),
+            };
+            let wait = Duration::from_secs_f64(ask.wait.clamp(0.0, MAX_WAIT_SECS));
+            match jobs.claim(&job, &ask.task, wait).await {
+                Ok(Some(v)) => json_response(200, &v),
+                Ok(None) => json_response(
+                    202,
+                    &json!({"group": null, "state": job.status()["state"], "retry": true}),
+                ),
                 Err(e) => error(&e),
             }
         }

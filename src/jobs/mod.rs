@@ -64,6 +64,12 @@ pub enum JobError {
     /// no such job
     #[error("no job {0}")]
     NotFound(String),
+    /// every sample of the group was claimed
+    #[error("every sample of group {0} ({1}) has been claimed")]
+    AllClaimed(String, usize),
+    /// the job ended without the group
+    #[error("job ended ({1:?}) without a finished group {0}")]
+    NoGroup(String, State),
     /// I/O error on a job's files
     #[error("{0}: {1}")]
     Io(PathBuf, std::io::Error),
@@ -87,6 +93,8 @@ impl JobError {
             JobError::Rollout(_) => (400, "cannot_run"),
             JobError::QueueFull(_) => (429, "queue_full"),
             JobError::NotFound(_) => (404, "no_such_job"),
+            JobError::AllClaimed(..) => (409, "all_claimed"),
+            JobError::NoGroup(..) => (409, "no_group"),
             _ => (500, "server_error"),
         }
     }
@@ -141,9 +149,15 @@ pub struct Job {
     pending: Mutex<Vec<GroupResult>>,
     wake: Notify,
     scan: Mutex<Scan>,
+    /// Per group, the samples handed out by `claim` so far.
+    claims: Mutex<std::collections::HashMap<String, usize>>,
 }
 
 impl Job {
+    fn key(&self) -> Option<String> {
+        self.record.lock().ok().and_then(|r| r.spec.key.clone())
+    }
+
     fn id(&self) -> String {
         self.record.lock().map(|r| r.id.clone()).unwrap_or_default()
     }
@@ -350,6 +364,7 @@ impl Jobs {
             pending: Mutex::new(vec![]),
             wake: Notify::new(),
             scan: Mutex::new(Scan::default()),
+            claims: Mutex::new(std::collections::HashMap::new()),
         })
     }
 
@@ -374,14 +389,25 @@ impl Jobs {
 
     /// Take a job: checked whole (body, tasks, harness, container recipe,
     /// installed), written, queued. A job that is refused leaves nothing.
-    pub fn submit(&self, body: &[u8]) -> Result<Value, JobError> {
+    pub fn submit(&self, body: &[u8]) -> Result<(bool, Value), JobError> {
         let spec = JobSpec::parse(body)?;
+        if let Some(key) = &spec.key {
+            if let Some(job) = self.by_key(key)? {
+                return Ok((false, job.status()));
+            }
+        }
         let id = format!("job-{}", &uuid::Uuid::now_v7().simple().to_string()[..16]);
         let dir = self.0.settings.dir.join(&id);
         spec.plan(&id, &self.site(), dir.join("out"))?;
         // Admission and insertion under one lock: two submits cannot both
         // take the last place.
         let mut jobs = self.0.jobs.write().map_err(|_| JobError::Poisoned)?;
+        // Two submits of one key at once: the second finds the first here.
+        if let Some(key) = &spec.key {
+            if let Some(job) = jobs.values().find(|j| j.key().as_deref() == Some(key.as_str())) {
+                return Ok((false, job.status()));
+            }
+        }
         let queued = jobs.values().filter(|j| j.state() == State::Queued).count();
         if queued >= self.0.settings.max_queued {
             return Err(JobError::QueueFull(queued));
@@ -414,7 +440,56 @@ impl Jobs {
                 None,
             );
         }
-        Ok(job.status())
+        Ok((true, job.status()))
+    }
+
+    fn by_key(&self, key: &str) -> Result<Option<Arc<Job>>, JobError> {
+        Ok(self
+            .0
+            .jobs
+            .read()
+            .map_err(|_| JobError::Poisoned)?
+            .values()
+            .find(|j| j.key().as_deref() == Some(key))
+            .cloned())
+    }
+
+    /// Hand out the next sample of `task`'s group that no one has taken,
+    /// waiting (at most `wait`) for the group to end: the n trainer
+    /// workers that each run one sample of a group (verl's agent loops)
+    /// take one each. `None`: the group is not over within `wait`.
+    pub async fn claim(
+        &self,
+        job: &Job,
+        task: &str,
+        wait: Duration,
+    ) -> Result<Option<Value>, JobError> {
+        let group = format!("{}.{task}", job.id());
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut after = 0;
+        loop {
+            let lines = job.log.read(after, 1024)?;
+            if let Some((_, g)) = lines.iter().find(|(_, g)| g["group"] == group.as_str()) {
+                let samples = g["samples"].as_array().cloned().unwrap_or_default();
+                let mut claims = job.claims.lock().map_err(|_| JobError::Poisoned)?;
+                let next = claims.entry(group.clone()).or_insert(0);
+                let Some(sample) = samples.get(*next) else {
+                    return Err(JobError::AllClaimed(group, samples.len()));
+                };
+                let out = json!({"group": group, "index": *next, "of": samples.len(), "sample": sample});
+                *next += 1;
+                return Ok(Some(out));
+            }
+            after = lines.last().map_or(after, |(c, _)| *c);
+            if job.ended.is_cancelled() {
+                return Err(JobError::NoGroup(group, job.state()));
+            }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            self.wait_for_groups(job, after, left).await;
+        }
     }
 
     pub fn get(&self, id: &str) -> Result<Arc<Job>, JobError> {

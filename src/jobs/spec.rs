@@ -99,7 +99,15 @@ pub struct JobSpec {
     /// (the trainer's weights of this step are loaded).
     #[serde(default)]
     pub min_policy_version: Option<i64>,
+    /// An idempotency key: a job submitted with the key of an existing job
+    /// is that job (the trainer workers that each ask for a group's
+    /// samples, as verl's agent loops do, share one job).
+    #[serde(default)]
+    pub key: Option<String>,
 }
+
+/// The longest idempotency key.
+pub const MAX_KEY: usize = 256;
 
 fn default_model() -> String {
     "default".into()
@@ -179,6 +187,9 @@ impl JobSpec {
                 "limits need cpus > 0, memory_mib >= 6 and pids >= 1, got {}, {} and {}",
                 l.cpus, l.memory_mib, l.pids
             ));
+        }
+        if self.key.as_ref().is_some_and(|k| k.is_empty() || k.len() > MAX_KEY) {
+            return bad(format!("key must be 1 to {MAX_KEY} bytes"));
         }
         if self.timeout_secs == 0 || self.grade_timeout_secs == 0 {
             return bad("timeout_secs and grade_timeout_secs must be at least 1".into());

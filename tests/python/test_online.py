@@ -1,4 +1,6 @@
-"""TRL's GRPOTrainer driving rollcall online (`rollcall_data.trl.Online`):
+"""The trainer adapters of the job API, through the trainers' own code.
+
+TRL's GRPOTrainer driving rollcall online (`rollcall_data.trl.Online`):
 two real GRPO steps on the CPU, each step's rollouts a job of `rollcall
 serve`'s job API, run by mini-swe-agent in Docker containers against the
 embedded model, graded by hidden tests; after each step the weights go to
@@ -8,8 +10,12 @@ Checked: the parameters change; the second step's calls carry the first
 step's policy version; the token ids TRL trained on are the ids recorded
 in the shards; the rewards TRL saw are the graded ones.
 
-Runs in the trainers' venv (TRL 1.16) with `make test`, after dockerd, the
-task images, mini-swe-agent and the model are installed.
+verl's agent loop (`rollcall_data.verl_agent.RollcallAgentLoop`), made by
+hydra from its YAML registration as verl's AgentLoopWorker makes it: the
+`rollout.n` runs of one row share one job and claim one sample each.
+
+Runs in the trainers' venv (TRL 1.16, verl 0.9.1) with `make test`, after
+dockerd, the task images, mini-swe-agent and the model are installed.
 """
 
 from __future__ import annotations
@@ -146,5 +152,85 @@ def test_two_grpo_steps_through_the_job_api(gguf, tmp_path, monkeypatch):
         assert changed, "no parameter changed"
         routes = online.client.routes()
         assert routes["smol"]["policy_version"] == 2
+    finally:
+        p.kill()
+
+
+def test_verl_agent_loops_share_one_job_and_claim_its_samples(tmp_path, upstream):
+    """verl's AgentLoopWorker way: the loop instantiated by hydra from a YAML
+    registration, `rollout.n` runs of one row under one uid (concurrently,
+    as verl runs them); they share one job (keyed by the uid) and each gets
+    its own sample as verl's `AgentLoopOutput`; verl's GRPO advantage runs
+    on them keyed by the uid."""
+    import asyncio
+
+    import hydra
+    import numpy as np
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    base = json.loads(FAMILY.read_text().splitlines()[0])
+    solve = dict(base)
+    b64 = __import__("base64").b64encode(base["patch"].encode()).decode()
+    # The scripted model runs the [[run: ...]] commands: each sample solves it.
+    solve["problem_statement"] += f"\n\n[[run: echo {b64} | base64 -d | git apply]] [[run: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT]]"
+    toml = f"""
+[server]
+admin_keys_env = "TEST_ADMIN_KEYS"
+[[routes]]
+name = "scripted"
+url = "{upstream}/v1"
+kind = "vllm"
+"""
+    env = {"TEST_ADMIN_KEYS": ADMIN, "ROLLCALL_HARNESS_DIR": os.environ.get(
+        "ROLLCALL_HARNESS_DIR", str(Path.home() / ".cache" / "rollcall" / "harnesses"))}
+    p = h.start_proxy(tmp_path, upstream, toml=toml, env=env)
+    try:
+        yaml = tmp_path / "agent_loops.yaml"
+        job = {"tasks": [solve], "harness": "mini-swe-agent", "model": "scripted", "concurrency": 2,
+               "timeout_secs": 300, "grade_timeout_secs": 300}
+        OmegaConf.save(OmegaConf.create([{"name": "rollcall", "_target_": "rollcall_data.verl_agent.RollcallAgentLoop",
+                                          "url": p.url, "key": ADMIN, "job": job}]), yaml)
+        registered = {c.name: c for c in OmegaConf.load(yaml)}
+        n = 2
+        cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {"n": n}}, "data": {}})
+        import transformers
+
+        gguf = h.model_file()
+        tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+        def loop():
+            return hydra.utils.instantiate(config=registered["rollcall"], trainer_config=DictConfigWrap(config=cfg),
+                                           server_manager=None, tokenizer=tok, processor=None, hf_model_type="llama",
+                                           dataset_cls=RLHFDataset, data_config=DictConfigWrap(cfg.data),
+                                           tools=ToolListWrap([]))
+
+        async def both():
+            row = {"uid": "uid-7", "extra_info": {"instance_id": solve["instance_id"]}, "raw_prompt": []}
+            return await asyncio.gather(*[loop().run({}, **row) for _ in range(n)])
+
+        outs = asyncio.run(both())
+        jobs = h.raw_request(p.url, "GET", "/v1/jobs", headers={"Authorization": f"Bearer {ADMIN}"}).json()["jobs"]
+        assert len(jobs) == 1 and jobs[0]["counts"]["done"] == n, jobs
+        assert len({o.extra_fields["rollout_id"] for o in outs}) == n
+        for o in outs:
+            assert o.reward_score == 1.0 and o.extra_fields["uid"] == "uid-7"
+            assert len(o.response_ids) == len(o.response_mask) == len(o.response_logprobs) and sum(o.response_mask) > 0
+        # A third claim finds the group used up.
+        r = h.raw_request(p.url, "POST", f"/v1/jobs/{jobs[0]['id']}/claim",
+                          json.dumps({"task": solve["instance_id"]}).encode(),
+                          headers={"Authorization": f"Bearer {ADMIN}"})
+        assert r.status == 409 and r.json()["error"]["code"] == "all_claimed", r.body
+        # verl's GRPO advantage over the outputs, grouped by uid.
+        width = max(len(o.response_ids) for o in outs)
+        mask = torch.zeros((n, width))
+        scores = torch.zeros((n, width))
+        for i, o in enumerate(outs):
+            mask[i, :len(o.response_mask)] = torch.tensor(o.response_mask, dtype=torch.float32)
+            scores[i, len(o.response_ids) - 1] = o.reward_score
+        adv, _ = compute_grpo_outcome_advantage(scores, mask, np.array([o.extra_fields["uid"] for o in outs]))
+        assert adv.shape == (n, width) and torch.isfinite(adv).all()
     finally:
         p.kill()
