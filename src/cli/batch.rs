@@ -2,14 +2,12 @@
 //! container, graded like SWE-bench, grouped (see `docs/rollouts.md`).
 
 use crate::config::{Config, RouteConfig, RouteKind};
-use crate::rollout::backend::Limits;
-use crate::rollout::bar::Bar;
+use crate::jobs::spec::{Adaptive, ContainerLimits, JobSpec, Site, Tasks};
 use crate::rollout::batch::{Progress, Sampling};
-use crate::rollout::engine::{self, Ask, Plan};
+use crate::rollout::engine::{self, Plan};
 use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Run a task set (SWE-bench instances, JSONL or Parquet) through a
@@ -128,62 +126,50 @@ fn name_of(b: &Batch) -> String {
 }
 
 impl Batch {
-    /// The batch's settings as the engine takes them (shared with the job
-    /// API's jobs), checked.
+    /// The batch's settings as a job's (the job API's body, `JobSpec`): one
+    /// set of checks and one way to the engine's plan for both doors.
     fn plan(&self, name: String) -> Result<Plan, Box<dyn std::error::Error>> {
-        let mut tasks = crate::grade::load_tasks(&self.tasks)?;
-        if !self.instances.is_empty() {
-            tasks.retain(|t| self.instances.contains(&t.instance_id));
-        }
-        if tasks.is_empty() {
-            return Err(format!("{}: no tasks to run", self.tasks.display()).into());
-        }
-        let ask = Ask {
-            name: name.clone(),
+        let spec = JobSpec {
+            tasks: Tasks::Path(self.tasks.clone()),
+            instances: self.instances.clone(),
             harness: self.harness.clone(),
-            tasks,
-            root: self.prefix.clone(),
-        };
-        let (adapter, root) = ask.check()?;
-        let out = std::path::absolute(
-            self.out
-                .clone()
-                .unwrap_or_else(|| PathBuf::from("batch-out").join(&name)),
-        )?;
-        let sampling = if self.adaptive {
-            Sampling::Adaptive(Bar {
+            model: self.model.clone(),
+            samples: self.samples,
+            adaptive: self.adaptive.then_some(Adaptive {
                 n: self.bar_n,
                 n_max: self.bar_n_max,
                 stride: self.bar_stride,
                 r_min: self.bar_r_min,
                 r_max: self.bar_r_max,
-            })
-        } else {
-            Sampling::Fixed(self.samples)
-        };
-        Ok(Plan {
-            name,
-            tasks: ask.tasks,
-            adapter,
-            root,
-            model: self.model.clone(),
-            sampling,
+            }),
             concurrency: self.concurrency,
             retries: self.retries,
-            timeout: Duration::from_secs(self.timeout),
-            grade_timeout: Duration::from_secs(self.grade_timeout),
+            timeout_secs: self.timeout,
+            grade_timeout_secs: self.grade_timeout,
             grade_timeouts: !self.no_grade_timeouts,
-            limits: Limits {
+            limits: ContainerLimits {
                 cpus: self.cpus,
-                memory: self.memory_mib << 20,
+                memory_mib: self.memory_mib,
                 pids: self.pids,
             },
             budget: self.budget.budget(),
-            extra_args: self.harness_args.clone(),
-            api_key: self.api_key.clone(),
-            out,
-            shards: std::path::absolute(&self.shards)?,
-        })
+            harness_args: self.harness_args.clone(),
+            min_policy_version: None,
+            key: None,
+        };
+        spec.check()?;
+        let out = std::path::absolute(
+            self.out
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("batch-out").join(&name)),
+        )?;
+        let shards = std::path::absolute(&self.shards)?;
+        let site = Site {
+            harness_root: self.prefix.as_deref(),
+            api_key: &self.api_key,
+            shards: &shards,
+        };
+        Ok(spec.plan(&name, &site, out)?)
     }
 
     pub async fn run(self) -> Result<i32, Box<dyn std::error::Error>> {

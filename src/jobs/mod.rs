@@ -47,14 +47,14 @@ const LINGER: Duration = Duration::from_millis(50);
 /// Why a job call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
-    /// the job's body is not valid: {0}
-    #[error("the job's body is not valid: {0}")]
+    /// the job's settings are not valid: {0}
+    #[error("{0}")]
     Spec(String),
     /// the task set cannot be read: {0}
     #[error("the task set cannot be read: {0}")]
     Tasks(#[from] crate::grade::LoadError),
     /// the job cannot run: {0}
-    #[error("the job cannot run: {0}")]
+    #[error("{0}")]
     Rollout(#[from] crate::rollout::RolloutError),
     /// the job queue is full
     #[error(
@@ -404,7 +404,10 @@ impl Jobs {
         let mut jobs = self.0.jobs.write().map_err(|_| JobError::Poisoned)?;
         // Two submits of one key at once: the second finds the first here.
         if let Some(key) = &spec.key {
-            if let Some(job) = jobs.values().find(|j| j.key().as_deref() == Some(key.as_str())) {
+            if let Some(job) = jobs
+                .values()
+                .find(|j| j.key().as_deref() == Some(key.as_str()))
+            {
                 return Ok((false, job.status()));
             }
         }
@@ -476,7 +479,8 @@ impl Jobs {
                 let Some(sample) = samples.get(*next) else {
                     return Err(JobError::AllClaimed(group, samples.len()));
                 };
-                let out = json!({"group": group, "index": *next, "of": samples.len(), "sample": sample});
+                let out =
+                    json!({"group": group, "index": *next, "of": samples.len(), "sample": sample});
                 *next += 1;
                 return Ok(Some(out));
             }

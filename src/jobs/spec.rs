@@ -149,11 +149,12 @@ impl JobSpec {
     pub fn parse(body: &[u8]) -> Result<JobSpec, JobError> {
         let spec: JobSpec =
             serde_json::from_slice(body).map_err(|e| JobError::Spec(e.to_string()))?;
-        spec.check_numbers()?;
+        spec.check()?;
         Ok(spec)
     }
 
-    fn check_numbers(&self) -> Result<(), JobError> {
+    /// The numbers and sizes in range (what needs no file or harness).
+    pub fn check(&self) -> Result<(), JobError> {
         let bad = |m: String| Err(JobError::Spec(m));
         if self.samples == 0 || self.samples > MAX_SAMPLES {
             return bad(format!(
@@ -188,7 +189,11 @@ impl JobSpec {
                 l.cpus, l.memory_mib, l.pids
             ));
         }
-        if self.key.as_ref().is_some_and(|k| k.is_empty() || k.len() > MAX_KEY) {
+        if self
+            .key
+            .as_ref()
+            .is_some_and(|k| k.is_empty() || k.len() > MAX_KEY)
+        {
             return bad(format!("key must be 1 to {MAX_KEY} bytes"));
         }
         if self.timeout_secs == 0 || self.grade_timeout_secs == 0 {
@@ -205,6 +210,12 @@ impl JobSpec {
         };
         if !self.instances.is_empty() {
             tasks.retain(|t| self.instances.contains(&t.instance_id));
+            if tasks.is_empty() {
+                return Err(JobError::Spec(format!(
+                    "none of the instances {:?} is in the task set",
+                    self.instances
+                )));
+            }
         }
         Ok(tasks)
     }
