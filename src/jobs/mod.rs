@@ -151,6 +151,8 @@ pub struct Job {
     scan: Mutex<Scan>,
     /// Per group, the samples handed out by `claim` so far.
     claims: Mutex<std::collections::HashMap<String, usize>>,
+    /// The first group that could not be written: the job ends `failed`.
+    group_error: Mutex<Option<String>>,
 }
 
 impl Job {
@@ -365,6 +367,7 @@ impl Jobs {
             wake: Notify::new(),
             scan: Mutex::new(Scan::default()),
             claims: Mutex::new(std::collections::HashMap::new()),
+            group_error: Mutex::new(None),
         })
     }
 
@@ -591,7 +594,8 @@ impl Jobs {
         if let Err(e) = self.0.recorder.publish().await {
             tracing::warn!(job = %id, error = %e, "could not publish the shards before the job");
         }
-        let materializer = tokio::spawn(self.clone().materialize(job.clone()));
+        let stop = CancellationToken::new();
+        let materializer = tokio::spawn(self.clone().materialize(job.clone(), stop.clone()));
         let plan = spec.plan(&id, &self.site(), job.dir.join("out"));
         let result = match plan {
             Ok(plan) => {
@@ -602,15 +606,28 @@ impl Jobs {
             }
             Err(e) => Err(e),
         };
-        // The groups that are over, written before the job says it ended.
-        job.wake.notify_one();
-        let last = self.clone().materialize_pending(job.clone()).await;
-        materializer.abort();
+        // The groups that are over, written before the job says it ended:
+        // the materializer finishes what it holds and builds the rest.
+        stop.cancel();
+        let last = materializer.await.unwrap_or_else(|e| {
+            Err(JobError::Io(
+                job.dir.join("groups.jsonl"),
+                std::io::Error::other(e),
+            ))
+        });
         // Every row of the job (a cancelled rollout's finish too) is in a
         // published shard once the job says it ended.
         if let Err(e) = self.0.recorder.publish().await {
             tracing::warn!(job = %id, error = %e, "could not publish the job's last rows");
         }
+        let earlier = job.group_error.lock().ok().and_then(|mut e| e.take());
+        let last = match (last, earlier) {
+            (Ok(()), Some(e)) => Err(JobError::Io(
+                job.dir.join("groups.jsonl"),
+                std::io::Error::other(e),
+            )),
+            (last, _) => last,
+        };
         match (result, last) {
             (Ok(summary), Ok(())) => {
                 let state = if summary.interrupted || job.cancel.is_cancelled() {
@@ -663,13 +680,27 @@ impl Jobs {
         job.ended.cancel();
     }
 
-    /// Build the job's groups as they end, until it is stopped.
-    async fn materialize(self, job: Arc<Job>) {
+    /// Build the job's groups as they end; once `stop` fires, build what
+    /// is left and return how that went. The one task that takes groups
+    /// off `pending`, so none is dropped half-built.
+    async fn materialize(self, job: Arc<Job>, stop: CancellationToken) -> Result<(), JobError> {
         loop {
-            job.wake.notified().await;
-            tokio::time::sleep(LINGER).await;
-            if let Err(e) = self.clone().materialize_pending(job.clone()).await {
-                tracing::error!(job = %job.id(), error = %e, "could not build a job's groups; trying again with the next");
+            let stopping = tokio::select! {
+                _ = job.wake.notified() => false,
+                _ = stop.cancelled() => true,
+            };
+            if !stopping {
+                tokio::time::sleep(LINGER).await;
+            }
+            let done = self.clone().materialize_pending(job.clone()).await;
+            if stopping {
+                return done;
+            }
+            if let Err(e) = done {
+                tracing::error!(job = %job.id(), error = %e, "could not build a job's groups");
+                if let Ok(mut first) = job.group_error.lock() {
+                    first.get_or_insert_with(|| e.to_string());
+                }
             }
         }
     }
@@ -707,12 +738,19 @@ impl Jobs {
                 return Err(e);
             }
             let read = t0.elapsed();
-            for g in &pending {
+            for (k, g) in pending.iter().enumerate() {
                 if j.log.has(&g.group) {
                     continue;
                 }
                 let line = groups::build(&mut scan, g);
-                j.log.append(&g.group, &line)?;
+                if let Err(e) = j.log.append(&g.group, &line) {
+                    // The groups not built yet wait for the next try; this
+                    // one's failure ends the job failed (never a silent gap).
+                    if let Ok(mut p) = j.pending.lock() {
+                        p.extend(pending[k + 1..].iter().cloned());
+                    }
+                    return Err(e);
+                }
             }
             tracing::debug!(
                 groups = pending.len(),
