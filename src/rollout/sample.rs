@@ -16,6 +16,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
+/// The exit status of the diff script when the repository is gone.
+const REPO_GONE: i64 = 97;
+
 /// Largest model patch kept (a bigger diff is an agent that rewrote the
 /// repository; it is graded as it is but recorded cut).
 const MAX_PATCH: usize = 8 << 20;
@@ -373,10 +376,15 @@ impl<B: Backend> Context<B> {
 
     /// The repository's diff against the task's base commit, new files
     /// included: the model patch.
+    /// A repository the agent removed (its directory, or its `.git`) has
+    /// no diff to take: that is the agent's doing, graded as an empty patch
+    /// (reward 0), never an infrastructure fault.
     async fn model_patch(&self, id: &str, task: &Instance) -> Result<String, RolloutError> {
         let script = format!(
-            "git -c core.fileMode=false add -A >/dev/null && git -c core.fileMode=false diff --cached --text --no-color {} --",
-            grading::quote(&task.base_commit)
+            "cd {dir} 2>/dev/null && git rev-parse --git-dir >/dev/null 2>&1 || exit {REPO_GONE}; \
+             git -c core.fileMode=false add -A >/dev/null && git -c core.fileMode=false diff --cached --text --no-color {base} --",
+            dir = grading::quote(task.workdir()),
+            base = grading::quote(&task.base_commit)
         );
         let out = self
             .backend
@@ -384,13 +392,18 @@ impl<B: Backend> Context<B> {
                 id,
                 Exec {
                     argv: vec!["bash".into(), "-c".into(), script],
-                    workdir: Some(task.workdir().to_owned()),
+                    // Not the repository's directory: the agent may have removed it.
+                    workdir: Some("/".into()),
                     timeout: Some(Duration::from_secs(120)),
                     max_output: MAX_PATCH,
                     ..Exec::default()
                 },
             )
             .await?;
+        if out.exit_code == Some(REPO_GONE) {
+            tracing::info!(container = %id, workdir = task.workdir(), "the agent removed the repository; graded as an empty patch");
+            return Ok(String::new());
+        }
         if out.exit_code != Some(0) {
             return Err(RolloutError::Setup(format!(
                 "taking the diff against {} failed: {}",

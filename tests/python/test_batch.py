@@ -471,3 +471,15 @@ def test_a_budget_stops_the_harness_in_its_container(family, upstream, tmp_path)
     calls = h.duck_dicts(tmp_path / "shards", "SELECT sequence, status, failure_class FROM t ORDER BY sequence")
     assert calls[0]["status"] == "ok", calls
     assert calls[1:] and all(c["failure_class"] == "budget_exceeded" for c in calls[1:]), calls
+
+
+def test_an_agent_that_removes_its_repository_gets_reward_zero(family, upstream, tmp_path):
+    """Deleting the repository is the agent's doing: the rollout is graded
+    on an empty patch (reward 0), not an infrastructure error."""
+    t = family[0]
+    task = scripted(t, [f"rm -rf {t.get('workdir', '/testbed')} && {SUBMIT}"])
+    path = write_tasks(tmp_path / "tasks.jsonl", [task])
+    run_batch(batch_cmd(tmp_path, path, upstream, "--samples", "1", "--retries", "0", name="gone"))
+    (r,) = finishes(tmp_path / "shards").values()
+    assert (r["status"], r["reward"]) == ("completed", 0.0), r
+    assert r["metadata"]["model_patch"] == "" and r["metadata"]["infra_error"] is None

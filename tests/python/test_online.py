@@ -35,8 +35,10 @@ from rollcall_data.trl import Online
 ADMIN = "online-admin"
 FAMILY = h.REPO_ROOT / "fixtures" / "tasks" / "inflection" / "tasks.jsonl"
 # One command solves it: the 135M model, sampling at temperature 0.7 under
-# a short prompt, writes it (or another command that creates the file)
-# about half the time, so a group's rewards differ.
+# a short prompt, writes it (or another command that creates the file) a
+# quarter to half of the time (2/8 and 5/8 in one run), so a group's rewards
+# differ. Each step has two groups of 8, four in all: the chance that none
+# differs is about 1e-4.
 TEST_PATCH = """diff --git a/tests/test_done.py b/tests/test_done.py
 new file mode 100644
 --- /dev/null
@@ -112,7 +114,7 @@ def test_two_grpo_steps_through_the_job_api(gguf, tmp_path, monkeypatch):
             train_dataset=online.prompts(),
             rollout_func=online.rollout_func,
             callbacks=[online.callback()],
-            args=GRPOConfig(output_dir=str(tmp_path / "grpo"), num_generations=8, per_device_train_batch_size=8,
+            args=GRPOConfig(output_dir=str(tmp_path / "grpo"), num_generations=8, per_device_train_batch_size=16,
                             max_steps=2, learning_rate=1e-5, report_to="none", use_cpu=True, shuffle_dataset=False,
                             logging_steps=1, save_strategy="no"),
         )
@@ -132,9 +134,12 @@ def test_two_grpo_steps_through_the_job_api(gguf, tmp_path, monkeypatch):
         varied = False
         for step in online.steps:
             rows = step["rows"]
-            assert len(rows["rollout_id"]) == 8
-            graded = [r for r in rows["reward"]]
-            varied |= len(set(graded)) > 1
+            assert len(rows["rollout_id"]) == 16
+            by_group: dict[str, set] = {}
+            for rid, reward in zip(rows["rollout_id"], rows["reward"]):
+                by_group.setdefault(rid.rsplit(".", 2)[0], set()).add(reward)
+            assert len(by_group) == 2
+            varied |= any(len(rewards) > 1 for rewards in by_group.values())
             for i, rid in enumerate(rows["rollout_id"]):
                 assert rid.startswith(step["job"] + ".")
                 recorded = by_rollout[rid]
