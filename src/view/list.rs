@@ -193,12 +193,23 @@ pub fn page(v: &Viewer, query: Option<&str>, as_json: bool) -> Response<ProxyBod
         .collect();
     let prev = (p.page > 0).then(|| p.href(|p| p.page -= 1));
     let next = (q.offset + PAGE < found.total).then(|| p.href(|p| p.page += 1));
-    let plots = super::plots::render(&found.matched, |lo, hi| {
-        p.href(|p| {
-            (p.min_reward, p.max_reward) = (lo.to_owned(), hi.to_owned());
-            p.page = 0;
-        })
-    });
+    let plots = super::plots::render(
+        &found.matched,
+        |lo, hi| {
+            p.href(|p| {
+                (p.min_reward, p.max_reward) = (lo.to_owned(), hi.to_owned());
+                p.page = 0;
+            })
+        },
+        |version| {
+            p.href(|p| {
+                p.columns.retain(|(k, _)| k != "policy_version");
+                p.columns
+                    .push(("policy_version".to_owned(), version.to_string()));
+                p.page = 0;
+            })
+        },
+    );
     let shown_sort = if p.sort.is_empty() {
         "rollout_id"
     } else {

@@ -1,10 +1,12 @@
 //! The plots at the top of the rollouts list, over the rollouts that pass
 //! its filter, drawn on the server as inline SVG (no script, nothing
 //! fetched): the reward histogram, pass@1 and pass@k per task (the group),
-//! and calls per rollout. Each is a `<figure>` with an id (`plot-reward`,
-//! `plot-passk`, `plot-calls`); each bar has a tooltip (`<title>`). A
-//! reward bar links to the list filtered to its range, and a task's bars
-//! (up to [`MAX_TASK_BARS`] tasks) to its group page.
+//! calls per rollout, and the share resolved per policy version (a learning
+//! curve: filter the list to an evaluation's tasks). Each is a `<figure>`
+//! with an id (`plot-reward`, `plot-passk`, `plot-calls`, `plot-versions`);
+//! each bar or point has a tooltip (`<title>`). A reward bar links to the
+//! list filtered to its range, a task's bars (up to [`MAX_TASK_BARS`] tasks)
+//! to its group page, a version's point to the list at that version.
 
 use super::index::Summary;
 use crate::grade::pass_at_k;
@@ -146,6 +148,107 @@ pub fn pass_per_task(rows: &[&Summary]) -> PassAtK {
     PassAtK { k, tasks }
 }
 
+/// One policy version's graded rollouts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VersionPoint {
+    pub version: i64,
+    pub graded: usize,
+    pub resolved: usize,
+    pub mean_reward: f64,
+}
+
+impl VersionPoint {
+    pub fn share_resolved(&self) -> f64 {
+        self.resolved as f64 / self.graded.max(1) as f64
+    }
+}
+
+/// Per policy version (the newest a rollout's calls ran under, as the
+/// list's `policy_version` column), its graded rollouts: how many, how
+/// many resolved (reward at least [`RESOLVED`]) and the mean reward.
+/// Rollouts without a reward or without a version are left out.
+pub fn by_policy_version(rows: &[&Summary]) -> Vec<VersionPoint> {
+    let mut by: BTreeMap<i64, (usize, usize, f64)> = BTreeMap::new();
+    for s in rows {
+        if let (Some(r), Some((_, v))) = (s.reward.filter(|r| r.is_finite()), s.policy_versions) {
+            let e = by.entry(v).or_default();
+            e.0 += 1;
+            e.1 += usize::from(r >= RESOLVED);
+            e.2 += r;
+        }
+    }
+    by.into_iter()
+        .map(|(version, (graded, resolved, sum))| VersionPoint {
+            version,
+            graded,
+            resolved,
+            mean_reward: sum / graded as f64,
+        })
+        .collect()
+}
+
+/// The share resolved per version as a line over evenly spaced versions,
+/// 0 to 1 on the y axis; each point a link with a tooltip.
+fn curve(points: &[VersionPoint], href: impl Fn(i64) -> String) -> String {
+    let mut s = format!(
+        r#"<svg viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-label="resolved by policy version">"#
+    );
+    let plot_h = H - BOTTOM - 8.0;
+    let base = H - BOTTOM;
+    let _ = write!(
+        s,
+        r#"<line x1="{LEFT}" y1="{base}" x2="{W}" y2="{base}"/><text x="0" y="10">1</text>"#
+    );
+    let slot = (W - LEFT) / points.len().max(1) as f64;
+    let at = |i: usize, p: &VersionPoint| {
+        (
+            LEFT + (i as f64 + 0.5) * slot,
+            base - p.share_resolved().clamp(0.0, 1.0) * plot_h,
+        )
+    };
+    let line: Vec<String> = points
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let (x, y) = at(i, p);
+            format!("{x:.1},{y:.1}")
+        })
+        .collect();
+    let _ = write!(
+        s,
+        r#"<polyline class="curve" fill="none" stroke="currentColor" points="{}"/>"#,
+        line.join(" ")
+    );
+    for (i, p) in points.iter().enumerate() {
+        let (x, y) = at(i, p);
+        let title = format!(
+            "policy version {}: {} of {} resolved ({:.0} %), mean reward {}",
+            p.version,
+            p.resolved,
+            p.graded,
+            100.0 * p.share_resolved(),
+            num(p.mean_reward)
+        );
+        let _ = write!(
+            s,
+            r#"<a href="{}"><circle class="bar" cx="{x:.1}" cy="{y:.1}" r="3.5"><title>{}</title></circle></a>"#,
+            esc(&href(p.version)),
+            esc(&title)
+        );
+    }
+    let ends = (
+        points.first().map(|p| format!("v{}", p.version)),
+        points.last().map(|p| format!("v{}", p.version)),
+    );
+    let _ = write!(
+        s,
+        r#"<text x="{LEFT}" y="{H}">{}</text><text x="{W}" y="{H}" text-anchor="end">{}</text></svg>"#,
+        esc(&ends.0.unwrap_or_default()),
+        esc(&ends.1.unwrap_or_default())
+    );
+    s
+}
+
 /// Text escaped for HTML and SVG, in an attribute or not.
 fn esc(s: &str) -> String {
     let mut o = String::with_capacity(s.len());
@@ -276,9 +379,14 @@ fn histogram_bars(bins: &[Bin], title: impl Fn(&Bin) -> String) -> (Vec<Bar>, us
     (bars, most)
 }
 
-/// The three plots over `rows`, as HTML; `reward_href(lo, hi)` is the
-/// list's link filtered to rewards from `lo` to `hi`.
-pub fn render(rows: &[&Summary], reward_href: impl Fn(&str, &str) -> String) -> String {
+/// The plots over `rows`, as HTML; `reward_href(lo, hi)` is the list's
+/// link filtered to rewards from `lo` to `hi`, `version_href(v)` to policy
+/// version `v`.
+pub fn render(
+    rows: &[&Summary],
+    reward_href: impl Fn(&str, &str) -> String,
+    version_href: impl Fn(i64) -> String,
+) -> String {
     let mut out = String::from(r#"<div class="plots">"#);
 
     let rewards: Vec<f64> = rows.iter().filter_map(|s| s.reward).collect();
@@ -381,6 +489,25 @@ pub fn render(rows: &[&Summary], reward_href: impl Fn(&str, &str) -> String) -> 
     let caption = format!("calls per rollout: {} rollouts", rows.len());
     out.push_str(&figure("plot-calls", &svg, &caption));
 
+    let points = by_policy_version(rows);
+    if !points.is_empty() {
+        let graded: usize = points.iter().map(|p| p.graded).sum();
+        let caption = format!(
+            "resolved by policy version: {} versions, {graded} graded rollouts ({})",
+            points.len(),
+            points
+                .iter()
+                .map(|p| format!("v{} {}/{}", p.version, p.resolved, p.graded))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        out.push_str(&figure(
+            "plot-versions",
+            &curve(&points, version_href),
+            &caption,
+        ));
+    }
+
     out.push_str("</div>");
     out
 }
@@ -482,7 +609,11 @@ mod tests {
             s("r1", "<task & co>", Some(0.0), 4),
         ];
         let refs: Vec<&Summary> = rows.iter().collect();
-        let html = render(&refs, |lo, hi| format!("/?min_reward={lo}&max_reward={hi}"));
+        let html = render(
+            &refs,
+            |lo, hi| format!("/?min_reward={lo}&max_reward={hi}"),
+            |v| format!("/?f.policy_version={v}"),
+        );
         for id in ["plot-reward", "plot-passk", "plot-calls"] {
             assert!(html.contains(&format!(r#"<figure id="{id}"><svg"#)), "{id}");
         }
@@ -491,8 +622,46 @@ mod tests {
         assert!(html.contains(r#"href="/groups/%3Ctask%20%26%20co%3E""#));
         assert!(html.contains(r#"href="/?min_reward=0.9&amp;max_reward=1""#));
         assert_eq!(html.matches(r#"class="bar""#).count(), 10 + 2 + 3);
+        // No policy versions: no curve.
+        assert!(!html.contains("plot-versions"));
         // No rollouts: the figures are still there, empty.
-        let empty = render(&[], |_, _| String::new());
+        let empty = render(&[], |_, _| String::new(), |_| String::new());
         assert!(empty.contains(r#"id="plot-calls""#) && !empty.contains("<rect"));
+    }
+
+    #[test]
+    fn the_curve_is_the_share_resolved_per_policy_version() {
+        let at = |id: &str, reward: Option<f64>, versions: Option<(i64, i64)>| Summary {
+            policy_versions: versions,
+            ..s(id, id, reward, 1)
+        };
+        let rows = [
+            at("a", Some(0.0), Some((0, 0))),
+            at("b", Some(0.0), Some((0, 0))),
+            at("c", Some(1.0), Some((1, 1))),
+            at("d", Some(0.5), Some((1, 1))),
+            // Counted at the newest version it ran under.
+            at("e", Some(1.0), Some((1, 3))),
+            // Not graded, or no version: left out.
+            at("f", None, Some((3, 3))),
+            at("g", Some(1.0), None),
+        ];
+        let refs: Vec<&Summary> = rows.iter().collect();
+        let got: Vec<(i64, usize, usize)> = by_policy_version(&refs)
+            .iter()
+            .map(|p| (p.version, p.graded, p.resolved))
+            .collect();
+        assert_eq!(got, [(0, 2, 0), (1, 2, 1), (3, 1, 1)]);
+        assert_eq!(by_policy_version(&refs)[1].mean_reward, 0.75);
+        let html = render(
+            &refs,
+            |_, _| String::new(),
+            |v| format!("/?f.policy_version={v}"),
+        );
+        assert!(html.contains(r#"<figure id="plot-versions"><svg"#));
+        assert!(html.contains("policy version 1: 1 of 2 resolved (50 %), mean reward 0.75"));
+        assert!(html.contains(r#"href="/?f.policy_version=3""#));
+        assert!(html.contains("v0 0/2, v1 1/2, v3 1/1"));
+        assert_eq!(html.matches("<circle").count(), 3);
     }
 }
