@@ -11,7 +11,7 @@ BIN := target/release/rollcall
 ROLLCALL_CACHE_DIR := $(or $(ROLLCALL_CACHE),$(if $(XDG_CACHE_HOME),$(XDG_CACHE_HOME)/rollcall),$(HOME)/.cache/rollcall)
 HARNESS_DIR ?= $(ROLLCALL_CACHE_DIR)/harnesses
 
-.PHONY: all build test lint demo bench bench-tools browser clean harnesses fixtures model docker task-image
+.PHONY: all build test lint demo learn bench bench-tools browser clean harnesses fixtures model docker task-image
 
 all: build
 
@@ -123,6 +123,21 @@ demo: build $(VENV)/.installed
 		$(VENV)/bin/python harness-adapters/mini-swe-agent/demo.py --bin $(BIN) --harness-dir $(HARNESS_DIR); \
 	fi
 
+# The loop on this machine: a fresh split of the `learn` task family
+# (fixtures/tasks/learn/, LEARN_SEED or a new seed), held-out resolved@1 of
+# the embedded model in mini-swe-agent (containers, hidden tests), a scripted
+# teacher's rollouts exported token-exact and trained with TRL's SFT on the
+# CPU, hot-loaded, then GRPO steps through the job API; the curve is printed
+# and plotted to learn-out/learn-curve.png (docs/learn.md).
+LEARN_OUT ?= learn-out
+learn: build $(TRAINERS_VENV)/.installed
+	$(BIN) harness install mini-swe-agent --prefix $(HARNESS_DIR)
+	.ci/docker-up
+	$(MAKE) --no-print-directory task-image
+	TRL_EXPERIMENTAL_SILENCE=1 $(TRAINERS_VENV)/bin/python harness-adapters/mini-swe-agent/learn.py \
+		--bin $(BIN) --harness-dir $(HARNESS_DIR) --out $(LEARN_OUT) $(if $(LEARN_SEED),--seed $(LEARN_SEED)) \
+		--model-file "$$($(BIN) model fetch --python $(VENV)/bin/python)"
+
 # wrk and nginx from Debian, for benches/compare.rs (nginx lives in
 # /usr/sbin, off most users' PATH). Debian's nginx package starts a system
 # nginx on port 80 where services may start (not in containers whose
@@ -189,4 +204,4 @@ soak: build $(VENV)/.installed
 
 clean:
 	cargo clean
-	rm -rf $(VENV) $(LITELLM_VENV) $(TRAINERS_VENV) .harnesses demo-out
+	rm -rf $(VENV) $(LITELLM_VENV) $(TRAINERS_VENV) .harnesses demo-out learn-out

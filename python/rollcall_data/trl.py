@@ -82,10 +82,12 @@ class Online:
     `rollout_func=online.rollout_func`, `reward_funcs=online.reward` and
     `callbacks=[online.callback()]`. The admin key comes from
     `ROLLCALL_ADMIN_KEY` (or `key=`); `route` names the route to load
-    weights into when the server has several."""
+    weights into when the server has several. Step N's weights are policy
+    version `first_version` + N; set `first_version` to the route's current
+    version when the model starts from weights already loaded (after SFT)."""
 
     def __init__(self, url: str, job: dict, key: str | None = None, route: str | None = None,
-                 deadline: float = 3600.0):
+                 deadline: float = 3600.0, first_version: int = 0):
         from .jobs import Client
 
         if "adaptive" in job:
@@ -94,6 +96,7 @@ class Online:
         self.job = {k: v for k, v in job.items() if k not in ("instances", "samples", "min_policy_version")}
         self.route = route
         self.deadline = deadline
+        self.first_version = int(first_version)
         #: Per step: the job id and the rows handed to the trainer.
         self.steps: list[dict] = []
 
@@ -130,7 +133,7 @@ class Online:
             if len(set(block)) != 1:
                 raise ValueError(f"prompts {block} are not one prompt repeated {n} times")
             tasks.append(block[0])
-        version = int(trainer.state.global_step)
+        version = self.first_version + int(trainer.state.global_step)
         job = dict(self.job, instances=sorted(set(tasks)), samples=n, min_policy_version=version)
         job_id = self.client.submit(job)
         by_task = {g["task"]: g for g in self.client.groups(job_id, deadline=self.deadline)}
@@ -157,7 +160,7 @@ class Online:
 
     def callback(self):
         """A TrainerCallback that loads the weights into the route after every
-        optimizer step, as policy version = the step number."""
+        optimizer step, as policy version `first_version` + the step number."""
         from transformers import TrainerCallback
 
         online = self
@@ -171,7 +174,8 @@ class Online:
                 tok = processing_class or kw.get("tokenizer")
                 if tok is not None:
                     tok.save_pretrained(path)
-                online.client.load(str(path.resolve()), policy_version=step, route=online.route)
+                online.client.load(str(path.resolve()), policy_version=online.first_version + step,
+                                   route=online.route)
                 for old in root.glob("step-*"):
                     if old != path:
                         import shutil

@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -49,19 +50,12 @@ GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def plain_model_from_gguf(gguf: Path):
     """transformers' tokenizer and a plain float32 model holding a GGUF
-    file's weights: what a trainer's checkpoint directory is saved from (a
-    GGUF-loaded model is marked quantized and refuses `save_pretrained`)."""
-    import torch
-    import transformers
-    tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        delattr(config, "quantization_config")
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict())
-    return tok, model
+    file's weights: `rollcall_data.models.from_gguf`, imported from the
+    clone's python/ (the test venv does not install the package)."""
+    sys.path.insert(0, str(REPO_ROOT / "python"))
+    from rollcall_data.models import from_gguf
+
+    return from_gguf(gguf)
 
 
 def model_file() -> Path:
