@@ -1,5 +1,6 @@
 # rollcall — see README.md. Every target works on a fresh machine with the
-# Rust toolchain and Python 3.11; Python packages come from PyPI into venvs.
+# Rust toolchain and Python 3.11 (and 3.12 for SkyRL's test venv: pyenv's
+# or python3.12); Python packages come from PyPI into venvs.
 
 PYTHON ?= python3
 VENV := .venv
@@ -43,6 +44,22 @@ $(TRAINERS_VENV)/.installed: $(VENV)/.model-installed tests/python/requirements-
 	$(TRAINERS_VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/python/requirements-trainers.txt
 	$(TRAINERS_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps verl==$(VERL_VERSION)
 	$(TRAINERS_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps ./python
+	touch $@
+
+# SkyRL (PyPI skyrl 0.3.0) for tests/python/test_skyrl.py: it needs Python
+# 3.12, so it has a venv of its own, made with python3.12 from PATH or
+# pyenv's (SKYRL_PYTHON= names another). torch is PyPI's (CUDA wheels, about
+# 5 GB, no pip cache copy); see tests/python/requirements-skyrl.txt.
+SKYRL_VENV := .venv-skyrl
+SKYRL_PYTHON ?= $(shell for p in python3.12 "$$(pyenv root 2>/dev/null || echo "$${PYENV_ROOT:-$$HOME/.pyenv}")"/versions/3.12*/bin/python3.12; do \
+	"$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { command -v "$$p"; break; }; done)
+$(SKYRL_VENV)/.installed: tests/python/requirements-skyrl.txt python/pyproject.toml $(wildcard python/rollcall_data/*.py)
+	@test -n "$(SKYRL_PYTHON)" || { echo "make: SkyRL 0.3.0 needs Python 3.12, and none runs here:" \
+		"install python3.12 with venv (apt-get install python3.12-venv, or pyenv install 3.12)," \
+		"or set SKYRL_PYTHON=/path/to/python3.12" >&2; exit 1; }
+	$(SKYRL_PYTHON) -m venv $(SKYRL_VENV)
+	$(SKYRL_VENV)/bin/pip install --quiet --disable-pip-version-check --no-cache-dir -r tests/python/requirements-skyrl.txt
+	$(SKYRL_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps ./python
 	touch $@
 
 # llama.cpp's server (llama-cpp-python[server]), the real model server that
@@ -89,14 +106,49 @@ docker:
 # Rust unit and integration tests, then the Python suite (openai SDK,
 # pyarrow, DuckDB, real harness CLIs, Docker and the task images for
 # `rollcall batch`) against the debug binary.
-test: $(VENV)/.installed $(VENV)/.model-installed $(TRAINERS_VENV)/.installed $(VENV)/.llamacpp-installed harnesses task-image browser
+test: $(VENV)/.installed $(VENV)/.model-installed $(TRAINERS_VENV)/.installed $(SKYRL_VENV)/.installed $(VENV)/.llamacpp-installed harnesses task-image browser
 	cargo test
 	target/debug/rollcall model fetch --python $(VENV)/bin/python
 	ROLLCALL_HARNESS_DIR=$(HARNESS_DIR) \
 		$(VENV)/bin/python -m pytest tests/python -q --ignore=tests/python/test_trainers.py \
-			--ignore=tests/python/test_online.py
+			--ignore=tests/python/test_online.py --ignore=tests/python/test_skyrl.py
 	ROLLCALL_HARNESS_DIR=$(HARNESS_DIR) TRL_EXPERIMENTAL_SILENCE=1 \
 		$(TRAINERS_VENV)/bin/python -m pytest tests/python/test_trainers.py tests/python/test_online.py -q
+	ROLLCALL_HARNESS_DIR=$(HARNESS_DIR) $(SKYRL_VENV)/bin/python -m pytest tests/python/test_skyrl.py -q
+
+# slime's rollout side taking rollcall's jobs (tests/python/test_slime_adapter.py,
+# docs/jobs.md). slime is not on PyPI: it is fetched from GitHub at a pinned
+# commit into the rollcall cache (or taken from SLIME_SRC=, a checkout at that
+# commit), so this is not part of `make test`, whose machines reach only
+# package registries. What its RolloutManager's modules import beyond the
+# trainers' venv (SGLang's Python package, ...) goes --no-deps into
+# .venv-slime, which sees the trainers' and the test venv's packages after
+# its own (tests/python/requirements-slime.txt).
+SLIME_VENV := .venv-slime
+SLIME_COMMIT := 624b824a898ab0ec1fcb4d373004c7f3852bf515
+SLIME_REPO ?= https://github.com/THUDM/slime
+SLIME_CACHE := $(ROLLCALL_CACHE_DIR)/slime/$(SLIME_COMMIT)
+SLIME_SRC ?= $(SLIME_CACHE)
+$(SLIME_VENV)/.installed: $(TRAINERS_VENV)/.installed tests/python/requirements-slime.txt
+	$(PYTHON) -m venv $(SLIME_VENV)
+	{ $(TRAINERS_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; \
+	  $(VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; } > \
+		"$$($(SLIME_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/rollcall-trainers-venv.pth"
+	$(SLIME_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -r tests/python/requirements-slime.txt
+	touch $@
+
+.PHONY: test-slime
+test-slime: $(SLIME_VENV)/.installed harnesses task-image
+	@if [ "$(SLIME_SRC)" = "$(SLIME_CACHE)" ] && [ ! -e "$(SLIME_CACHE)/slime/ray/rollout.py" ]; then \
+		echo "==> fetching slime $(SLIME_COMMIT) into $(SLIME_CACHE)"; \
+		rm -rf "$(SLIME_CACHE).tmp" && mkdir -p "$(SLIME_CACHE).tmp" && \
+		git -C "$(SLIME_CACHE).tmp" init -q && \
+		git -C "$(SLIME_CACHE).tmp" fetch -q --depth 1 $(SLIME_REPO) $(SLIME_COMMIT) && \
+		git -C "$(SLIME_CACHE).tmp" -c advice.detachedHead=false checkout -q FETCH_HEAD && \
+		mv "$(SLIME_CACHE).tmp" "$(SLIME_CACHE)" || exit 1; \
+	fi
+	ROLLCALL_HARNESS_DIR=$(HARNESS_DIR) SLIME_SRC="$(SLIME_SRC)" \
+		$(SLIME_VENV)/bin/python -m pytest tests/python/test_slime_adapter.py -q
 
 # Capture each harness's exchange again into fixtures/<name>/.
 fixtures: $(VENV)/.installed harnesses
@@ -205,3 +257,5 @@ soak: build $(VENV)/.installed
 clean:
 	cargo clean
 	rm -rf $(VENV) $(LITELLM_VENV) $(TRAINERS_VENV) .harnesses demo-out learn-out
+	rm -rf $(SLIME_VENV)
+	rm -rf $(SKYRL_VENV)
