@@ -368,7 +368,7 @@ def main() -> int:
           f"RL: {100 * (last['resolved_at_1'] - sft['resolved_at_1']):+.1f} points after SFT")
     print(f"plot: {out / 'learn-curve.png'}; figures: {out / 'curve.json'}; total {time.monotonic() - T0:.0f} s")
     print(f"the same curve from the shards: {a.bin} view --shards {out / 'shards'}  "
-          "(filter the rollouts to `heldout`; plot 'reward by policy version')")
+          "(filter the rollouts to `heldout`; plot 'resolved by policy version')")
     return 0
 
 
