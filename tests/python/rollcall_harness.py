@@ -235,6 +235,28 @@ def start_proxy(
     return Proxy(proc=proc, shards=shards, config=cfg, upstream_url=upstream_url)
 
 
+def harness_dir() -> str:
+    """Where the harnesses are installed: ROLLCALL_HARNESS_DIR (make test
+    sets it), else the user cache's directory that `make harnesses` fills."""
+    return os.environ.get("ROLLCALL_HARNESS_DIR", str(Path.home() / ".cache" / "rollcall" / "harnesses"))
+
+
+def start_job_server(workdir: Path, upstream_url: str, admin: str, extra_toml: str = "") -> Proxy:
+    """`rollcall serve` for the job API's tests: admin key `admin`, one
+    `vllm` route named `scripted` to `upstream_url` (token ids captured), the
+    harnesses of `harness_dir()`; `extra_toml` adds sections."""
+    toml = f"""[server]
+admin_keys_env = "TEST_ADMIN_KEYS"
+{extra_toml}
+[[routes]]
+name = "scripted"
+url = "{upstream_url}/v1"
+kind = "vllm"
+"""
+    return start_proxy(workdir, upstream_url, toml=toml,
+                       env={"TEST_ADMIN_KEYS": admin, "ROLLCALL_HARNESS_DIR": harness_dir()})
+
+
 # ---------------------------------------------------------------- raw HTTP
 
 

@@ -21,7 +21,6 @@ dockerd, the task images, mini-swe-agent and the model are installed.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -92,8 +91,7 @@ default_max_tokens = 48
 default_temperature = 0.7
 kv_slots = 4
 """
-    env = {"TEST_ADMIN_KEYS": ADMIN, "ROLLCALL_HARNESS_DIR": os.environ.get(
-        "ROLLCALL_HARNESS_DIR", str(Path.home() / ".cache" / "rollcall" / "harnesses"))}
+    env = {"TEST_ADMIN_KEYS": ADMIN, "ROLLCALL_HARNESS_DIR": h.harness_dir()}
     return h.start_proxy(tmp_path, "unused", toml=toml, env=env)
 
 
@@ -182,17 +180,7 @@ def test_verl_agent_loops_share_one_job_and_claim_its_samples(tmp_path, upstream
     b64 = __import__("base64").b64encode(base["patch"].encode()).decode()
     # The scripted model runs the [[run: ...]] commands: each sample solves it.
     solve["problem_statement"] += f"\n\n[[run: echo {b64} | base64 -d | git apply]] [[run: echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT]]"
-    toml = f"""
-[server]
-admin_keys_env = "TEST_ADMIN_KEYS"
-[[routes]]
-name = "scripted"
-url = "{upstream}/v1"
-kind = "vllm"
-"""
-    env = {"TEST_ADMIN_KEYS": ADMIN, "ROLLCALL_HARNESS_DIR": os.environ.get(
-        "ROLLCALL_HARNESS_DIR", str(Path.home() / ".cache" / "rollcall" / "harnesses"))}
-    p = h.start_proxy(tmp_path, upstream, toml=toml, env=env)
+    p = h.start_job_server(tmp_path, upstream, ADMIN)
     try:
         yaml = tmp_path / "agent_loops.yaml"
         job = {"tasks": [solve], "harness": "mini-swe-agent", "model": "scripted", "concurrency": 2,
@@ -253,9 +241,8 @@ def test_make_learn_runs_every_phase_on_a_small_split(gguf, tmp_path):
     if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
         pytest.fail("no Docker daemon answers: run .ci/docker-up (make test does)")
     out = tmp_path / "learn"
-    harness_dir = os.environ.get("ROLLCALL_HARNESS_DIR", str(Path.home() / ".cache" / "rollcall" / "harnesses"))
     r = subprocess.run([sys.executable, str(h.REPO_ROOT / "harness-adapters" / "mini-swe-agent" / "learn.py"),
-                        "--bin", h.rollcall_bin(), "--harness-dir", harness_dir, "--model-file", str(gguf),
+                        "--bin", h.rollcall_bin(), "--harness-dir", h.harness_dir(), "--model-file", str(gguf),
                         "--seed", "4242", "--out", str(out), "--train", "4", "--heldout", "2", "--sft-epochs", "1",
                         "--grpo-steps", "1", "--grpo-tasks", "1", "--group", "2"],
                        capture_output=True, text=True, timeout=1800)

@@ -125,19 +125,7 @@ def served(tmp_path_factory):
     so their token ids are captured too)."""
     tmp = tmp_path_factory.mktemp("slime")
     up = h.start_upstream(tmp / "upstream", apis="chat")
-    toml = f"""
-[server]
-admin_keys_env = "TEST_ADMIN_KEYS"
-[shards]
-max_age_secs = 3600
-[[routes]]
-name = "scripted"
-url = "{up.url}/v1"
-kind = "vllm"
-"""
-    env = {"TEST_ADMIN_KEYS": ADMIN, "ROLLCALL_HARNESS_DIR": os.environ.get(
-        "ROLLCALL_HARNESS_DIR", str(Path.home() / ".cache" / "rollcall" / "harnesses"))}
-    p = h.start_proxy(tmp, up.url, toml=toml, env=env)
+    p = h.start_job_server(tmp, up.url, ADMIN, "[shards]\nmax_age_secs = 3600")
     try:
         yield p
     finally:
