@@ -2,7 +2,7 @@
 //! key, and refused when none is configured):
 //!
 //! ```text
-//! POST /v1/admin/pause    {"mode": "hold" | "abort", "route"?: NAME}
+//! POST /v1/admin/pause    {"mode": "hold" | "abort" | "keep", "route"?: NAME}
 //! POST /v1/admin/resume   {"policy_version"?: N, "route"?: NAME, "urls"?: [URL, ...]}
 //! POST /v1/admin/load     {"route": NAME, "model_path": PATH, "policy_version"?: N, "force"?: bool}
 //! GET  /v1/admin/status   [?route=NAME]
@@ -18,12 +18,21 @@
 //! (`upstream::pool` says what joins and leaves keep). A route that is not
 //! paused takes `urls` too: the resume then just swaps its replicas.
 //!
+//! `keep` (vLLM routes only; any other route is a 400 naming it) closes the
+//! gate and then asks every replica to freeze its requests in place
+//! (`upstream::engine`); the resume opens the gate and then lets the
+//! replicas go on. A replica that refuses either is a 502 with every
+//! replica's answer (`upstream`); a refused pause opens the gate again.
+//!
 //! `load` puts new weights on one route's replicas without restarting
-//! anything: each gets SGLang's `POST /update_weights_from_disk` with
-//! `model_path` (the embedded model serves it too: a GGUF file or a
-//! Hugging Face checkpoint directory, and `force` accepts a tokenizer
-//! change there). On an open gate the load closes it in `hold` mode first,
-//! and opens it again when every replica has answered: with
+//! anything, with the servers' own reload (`upstream::engine`: vLLM's
+//! `reload_weights`, SGLang's and the embedded model's
+//! `/update_weights_from_disk`, where `force` accepts a tokenizer change);
+//! a route of another kind is a 400. `model_path` is a Hugging Face
+//! checkpoint directory (or a GGUF file for the embedded model). On an
+//! open gate the load pauses the route first (`keep` where the route can,
+//! so that streams freeze rather than run on during the reload; else
+//! `hold`), and resumes it when every replica has answered: with
 //! `policy_version` when all succeeded, on the version it had when one
 //! failed. Held calls thus run on the new weights, and the rows say so. On
 //! a gate already paused (the trainer's own pause, load, resume) the load
@@ -38,6 +47,8 @@ use super::layer::client_key::client_key;
 use super::pause::{Gate, Mode};
 use super::State;
 use crate::http::{json_response, ProxyBody};
+use crate::upstream::engine::{Refused, Reload};
+use crate::upstream::{Loaded, Route};
 use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
@@ -79,6 +90,58 @@ fn error(status: u16, code: &str, message: String) -> Response<ProxyBody> {
         status,
         &json!({"error": {"type": "invalid_request_error", "code": code, "message": message}}),
     )
+}
+
+/// How long a replica may take to pause or resume in place.
+const PAUSE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Every replica's answer, as the admin answers show them.
+fn answers(loaded: &[Loaded]) -> serde_json::Value {
+    loaded
+        .iter()
+        .map(|x| match &x.answer {
+            Ok((s, body)) => {
+                json!({"replica": x.replica, "status": s, "success": x.succeeded(), "answer": body})
+            }
+            Err(e) => json!({"replica": x.replica, "status": null, "success": false, "error": e}),
+        })
+        .collect()
+}
+
+/// The routes a request names, with their gates.
+fn routes_of<'a>(state: &'a State, g: &[(&String, &Arc<Gate>)]) -> Vec<&'a Arc<Route>> {
+    g.iter()
+        .filter_map(|(n, _)| state.routes.all().iter().find(|r| &r.name == *n))
+        .collect()
+}
+
+/// Freeze `routes`' servers in place (`keep`); on the first refusal, the
+/// servers already frozen go on again. Every replica's answer, and whether
+/// all paused.
+async fn freeze(routes: &[&Arc<Route>]) -> (Vec<Loaded>, bool) {
+    let mut all = Vec::new();
+    for (i, r) in routes.iter().enumerate() {
+        let loaded = r.pause_in_place(PAUSE_WAIT).await.unwrap_or_default();
+        let ok = loaded.iter().all(Loaded::succeeded);
+        all.extend(loaded);
+        if !ok {
+            for r in &routes[..=i] {
+                let _ = r.resume_in_place(PAUSE_WAIT).await;
+            }
+            return (all, false);
+        }
+    }
+    (all, true)
+}
+
+/// Let `routes`' servers generate again after a `keep` pause.
+async fn thaw(routes: &[&Arc<Route>]) -> (Vec<Loaded>, bool) {
+    let mut all = Vec::new();
+    for r in routes {
+        all.extend(r.resume_in_place(PAUSE_WAIT).await.unwrap_or_default());
+    }
+    let ok = all.iter().all(Loaded::succeeded);
+    (all, ok)
 }
 
 /// No route is called this.
@@ -172,16 +235,35 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Proxy
                 Ok(p) => p,
                 Err(e) => return parse_err(e),
             };
-            match gates(&state, p.route.as_deref()) {
-                Ok(g) => {
-                    for (name, gate) in &g {
-                        gate.pause(p.mode);
-                        tracing::info!(route = %name, mode = ?p.mode, "route paused");
-                    }
-                    json_response(200, &status(&state, &g))
+            let g = match gates(&state, p.route.as_deref()) {
+                Ok(g) => g,
+                Err(r) => return r.answer(),
+            };
+            let routes = routes_of(&state, &g);
+            if p.mode == Mode::Keep {
+                if let Some(r) = routes.iter().find(|r| !r.pauses_in_place()) {
+                    let e = crate::upstream::engine::Refused::NoKeep(r.kind);
+                    return error(400, "keep_unsupported", format!("route {:?}: {e}", r.name));
                 }
-                Err(r) => r.answer(),
             }
+            for (name, gate) in &g {
+                gate.pause(p.mode);
+                tracing::info!(route = %name, mode = ?p.mode, "route paused");
+            }
+            if p.mode != Mode::Keep {
+                return json_response(200, &status(&state, &g));
+            }
+            let (loaded, ok) = freeze(&routes).await;
+            if !ok {
+                for (_, gate) in &g {
+                    gate.resume(None);
+                }
+                let answers = crate::redact::redacted(&format!("{loaded:?}"));
+                tracing::warn!(%answers, "a keep pause was refused upstream; the routes are open again");
+            }
+            let mut v = status(&state, &g);
+            v["upstream"] = answers(&loaded);
+            json_response(if ok { 200 } else { 502 }, &v)
         }
         (Method::POST, "/v1/admin/resume") => {
             let r: Resume = match serde_json::from_slice(if body.is_empty() { b"{}" } else { &body }) {
@@ -219,11 +301,28 @@ pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Proxy
                     }
                 }
             }
+            // Routes frozen in place go on once their gate is open, so that
+            // their streams see the new version before its first token.
+            let kept: Vec<(&String, &Arc<Gate>)> = g
+                .iter()
+                .filter(|(_, gate)| gate.paused() == Some(Mode::Keep))
+                .copied()
+                .collect();
             for (name, gate) in &g {
                 gate.resume(r.policy_version);
                 tracing::info!(route = %name, policy_version = gate.version(), "route resumed");
             }
-            json_response(200, &status(&state, &g))
+            if kept.is_empty() {
+                return json_response(200, &status(&state, &g));
+            }
+            let (loaded, ok) = thaw(&routes_of(&state, &kept)).await;
+            if !ok {
+                let answers = crate::redact::redacted(&format!("{loaded:?}"));
+                tracing::warn!(%answers, "a replica did not resume after a keep pause");
+            }
+            let mut v = status(&state, &g);
+            v["upstream"] = answers(&loaded);
+            json_response(if ok { 200 } else { 502 }, &v)
         }
         (Method::POST, "/v1/admin/load") => match serde_json::from_slice(&body) {
             Ok(l) => load(&state, l).await,
@@ -256,41 +355,55 @@ async fn load(state: &State, l: Load) -> Response<ProxyBody> {
             format!("route {name:?} is paused: its resume gives the policy version, not the load"),
         );
     }
-    let mut upstream = json!({"model_path": l.model_path});
-    if l.force {
-        upstream["force"] = json!(true);
+    let reload = Reload {
+        model_path: &l.model_path,
+        policy_version: l.policy_version,
+        force: l.force,
+    };
+    if let Err(e) = route.can_reload(&reload) {
+        let code = match e {
+            Refused::MissingPath(_) => "model_path_missing",
+            _ => "reload_unsupported",
+        };
+        return error(400, code, format!("route {name:?}: {e}"));
     }
-    if let Some(v) = l.policy_version {
-        upstream["weight_version"] = json!(v.to_string());
-    }
+    let keep = opens && route.pauses_in_place();
     if opens {
-        gate.pause(Mode::Hold);
+        gate.pause(if keep { Mode::Keep } else { Mode::Hold });
     }
     let started = std::time::Instant::now();
-    let loaded = route
-        .load_weights(bytes::Bytes::from(upstream.to_string()), LOAD_WAIT)
-        .await;
-    let ok = !loaded.is_empty() && loaded.iter().all(|x| x.succeeded());
+    let mut upstream = Vec::new();
+    let frozen = !keep || {
+        let (answers, ok) = freeze(&[route]).await;
+        upstream = answers;
+        ok
+    };
+    let loaded = match frozen {
+        true => route.load_weights(&reload, LOAD_WAIT).await,
+        false => Ok(Vec::new()),
+    };
+    // (checked above: a refusal here is a failed load like any other)
+    let loaded = loaded.unwrap_or_default();
+    let ok = frozen && !loaded.is_empty() && loaded.iter().all(Loaded::succeeded);
     if opens {
         gate.resume(if ok { l.policy_version } else { None });
+    }
+    if keep && frozen {
+        let (answers, _) = thaw(&[route]).await;
+        upstream.extend(answers);
     }
     let ms = started.elapsed().as_millis() as u64;
     if ok {
         tracing::info!(route = %name, load_ms = ms, policy_version = gate.version(), "route weights loaded");
     } else {
-        let answers = crate::redact::redacted(&format!("{loaded:?}"));
+        let answers = crate::redact::redacted(&format!("{loaded:?} {upstream:?}"));
         tracing::warn!(route = %name, %answers, "route weights not loaded");
     }
     let mut v = status(state, &g);
     v["load_ms"] = json!(ms);
-    v["loaded"] = loaded
-        .iter()
-        .map(|x| match &x.answer {
-            Ok((s, body)) => {
-                json!({"replica": x.replica, "status": s, "success": x.succeeded(), "answer": body})
-            }
-            Err(e) => json!({"replica": x.replica, "status": null, "success": false, "error": e}),
-        })
-        .collect();
+    v["loaded"] = answers(&loaded);
+    if !upstream.is_empty() {
+        v["upstream"] = answers(&upstream);
+    }
     json_response(if ok { 200 } else { 502 }, &v)
 }

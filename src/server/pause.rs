@@ -10,6 +10,11 @@
 //!   sent again once the gate opens; the harness sees one answer. A stream
 //!   whose head has already reached the harness is cut and continued where
 //!   the upstream can (`call::resume`), else finishes as it is.
+//! - `keep` (vLLM routes): new calls wait here as with `hold`, and the
+//!   route's servers freeze the calls they are generating where they are
+//!   (vLLM's `/pause?mode=keep`); the resume lets them go on under the new
+//!   weights. Nothing is cut or sent twice, and a stream records after how
+//!   many completion tokens the new version took over (`call::stream`).
 //!
 //! The gate's policy version is what each call records at its start and its
 //! end (`policy_version`, `policy_version_end`).
@@ -27,12 +32,15 @@ use tokio::sync::watch;
 pub enum Mode {
     Hold,
     Abort,
+    Keep,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Shut {
     paused: Option<Mode>,
     version: i64,
+    /// `keep` pauses ended so far.
+    kept: u64,
 }
 
 /// One route's gate.
@@ -53,6 +61,7 @@ impl Gate {
             tx: watch::Sender::new(Shut {
                 paused: None,
                 version: 0,
+                kept: 0,
             }),
             waiting: AtomicUsize::new(0),
         }
@@ -74,6 +83,9 @@ impl Gate {
     /// Open the gate; a new policy version when given.
     pub fn resume(&self, version: Option<i64>) {
         self.tx.send_modify(|s| {
+            if s.paused == Some(Mode::Keep) {
+                s.kept += 1;
+            }
             s.paused = None;
             if let Some(v) = version {
                 s.version = v;
@@ -101,6 +113,25 @@ impl Gate {
     pub async fn aborted(&self) {
         let mut rx = self.tx.subscribe();
         let _ = rx.wait_for(|s| s.paused == Some(Mode::Abort)).await;
+    }
+
+    /// `keep` pauses ended so far: what [`Gate::kept`] waits past.
+    pub fn kept_count(&self) -> u64 {
+        self.tx.borrow().kept
+    }
+
+    /// Resolves when a `keep` pause ends after `seen` had (the count from
+    /// [`Gate::kept_count`]), with the policy version it resumed with.
+    pub async fn kept(&self, seen: u64) -> (u64, i64) {
+        let mut rx = self.tx.subscribe();
+        let seen = rx
+            .wait_for(|s| s.kept > seen)
+            .await
+            .map(|s| (s.kept, s.version));
+        match seen {
+            Ok(s) => s,
+            Err(_) => std::future::pending().await,
+        }
     }
 
     pub fn waiting(&self) -> usize {
@@ -155,6 +186,31 @@ mod tests {
             Err(HeldTooLong(Duration::from_millis(20)))
         );
         assert_eq!(g.waiting(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_end_of_a_keep_pause_is_seen_once_with_its_version() {
+        let g = Arc::new(Gate::new());
+        let seen = g.kept_count();
+        let waiter = {
+            let g = g.clone();
+            tokio::spawn(async move { g.kept(seen).await })
+        };
+        g.pause(Mode::Hold);
+        g.resume(Some(1));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "a hold pause is not a keep pause");
+        g.pause(Mode::Keep);
+        g.resume(Some(2));
+        // Missed in between (the waiter not polled) still counts.
+        g.pause(Mode::Keep);
+        g.resume(Some(3));
+        let (kept, version) = tokio::time::timeout(Duration::from_secs(1), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((kept, version), (2, 3));
+        assert_eq!(g.kept_count(), 2);
     }
 
     #[tokio::test]

@@ -9,6 +9,7 @@
 
 mod body;
 mod clients;
+pub mod engine;
 mod plain;
 pub mod pool;
 
@@ -365,12 +366,17 @@ impl Route {
         Ok(change)
     }
 
-    /// Load new weights on every replica: `body` is POSTed to each one's
-    /// `/update_weights_from_disk` at its origin (the base URL less a
-    /// trailing `/v1`), SGLang's endpoint, which the embedded model serves
-    /// too. Waits at most `wait` for each; every replica's answer (status
-    /// and JSON body) or why there was none, in replica order.
-    pub async fn load_weights(&self, body: Bytes, wait: Duration) -> Vec<Loaded> {
+    /// POST `body` (JSON, or nothing) to `path` at every replica's origin
+    /// (its base URL less a trailing `/v1`), waiting at most `wait` for
+    /// each: every replica's answer (status and JSON body) or why there was
+    /// none, in replica order. How [`engine`] reaches a server's own
+    /// weight and pause endpoints.
+    pub(crate) async fn post_each(
+        &self,
+        path: &str,
+        body: Option<Bytes>,
+        wait: Duration,
+    ) -> Vec<Loaded> {
         let set = self.pool.snapshot();
         let mut headers = HeaderMap::new();
         headers.insert(
@@ -382,13 +388,13 @@ impl Route {
         let headers = headers.into_owned();
         let loads = set.replicas().iter().map(|r| {
             let origin = r.url.strip_suffix("/v1").unwrap_or(&r.url);
-            let url = format!("{origin}/update_weights_from_disk");
+            let url = format!("{origin}{path}");
             let req = self
                 .clients
                 .tls()
                 .post(url)
                 .headers(headers.clone())
-                .body(body.clone())
+                .body(body.clone().unwrap_or_default())
                 .timeout(wait);
             async move {
                 let answer = match req.send().await {
@@ -407,6 +413,7 @@ impl Route {
                 };
                 Loaded {
                     replica: r.redacted.clone(),
+                    endpoint: path.to_owned(),
                     answer,
                 }
             }
@@ -461,6 +468,8 @@ impl Route {
 pub struct Loaded {
     /// The replica's base URL, redacted.
     pub replica: String,
+    /// The server's endpoint that was called (`/collective_rpc`, ...).
+    pub endpoint: String,
     pub answer: Result<(u16, serde_json::Value), String>,
 }
 

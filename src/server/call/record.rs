@@ -41,6 +41,8 @@ pub struct Call {
     /// sent under.
     gate: Option<Arc<crate::server::pause::Gate>>,
     policy_version: Option<i64>,
+    /// The gate's count of ended `keep` pauses when the call was sent.
+    kept_seen: u64,
     resent: u32,
     /// Where an `abort` pause cut the stream and it was continued.
     continued: Vec<crate::record::Continued>,
@@ -63,6 +65,7 @@ impl Call {
             lease: None,
             gate: None,
             policy_version: None,
+            kept_seen: 0,
             resent: 0,
             continued: Vec::new(),
             charge: false,
@@ -146,6 +149,7 @@ impl Call {
 
     /// The call is (about to be) sent under `version` of `gate`'s route.
     pub fn sent_under(&mut self, gate: &Arc<crate::server::pause::Gate>, version: i64) {
+        self.kept_seen = gate.kept_count();
         self.gate = Some(gate.clone());
         self.policy_version = Some(version);
     }
@@ -153,6 +157,21 @@ impl Call {
     /// An `abort` pause cut the call; it goes again after the resume.
     pub fn cut(&mut self) {
         self.resent += 1;
+    }
+
+    /// The route's gate, and its count of ended `keep` pauses when the
+    /// call was sent.
+    pub fn gate(&self) -> Option<(&Arc<crate::server::pause::Gate>, u64)> {
+        self.gate.as_ref().map(|g| (g, self.kept_seen))
+    }
+
+    /// The policy version the call's latest tokens were sampled under, as
+    /// far as the call knows.
+    pub fn latest_version(&self) -> Option<i64> {
+        self.continued
+            .last()
+            .map(|c| c.policy_version)
+            .or(self.policy_version)
     }
 
     /// Its stream, cut after `completion_tokens`, goes on under `version`.

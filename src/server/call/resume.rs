@@ -86,6 +86,12 @@ impl Progress {
         }
     }
 
+    /// Completion token ids streamed so far, when every piece of output
+    /// came with its ids.
+    pub fn counted(&self) -> Option<u64> {
+        (!self.missing_ids).then_some(self.tokens)
+    }
+
     /// The stream can be continued from here.
     pub fn resumable(&self) -> bool {
         !self.spoiled && !self.missing_ids && self.tokens > 0 && self.id.is_some()

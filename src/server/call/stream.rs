@@ -2,7 +2,9 @@
 //! and stripped of token-capture fields on the way when the call needs
 //! it), a copy collected for the record. The chunk that completes the
 //! terminal event is released only once the call's end is in the WAL. An
-//! `abort` pause may cut it and continue it (`resume`).
+//! `abort` pause may cut it and continue it (`resume`); a `keep` pause
+//! freezes it upstream, and the record says after how many completion
+//! tokens the new version took over.
 
 use super::error::StreamError;
 use super::prepare::Strip;
@@ -244,6 +246,28 @@ fn arm(r: &Resume) -> Armed {
     Box::pin(async move { gate.aborted().await })
 }
 
+type Kept = std::pin::Pin<Box<dyn std::future::Future<Output = (u64, i64)> + Send>>;
+
+/// A future that resolves when a `keep` pause of `gate`'s route ends after
+/// the `seen`th: the count of ended pauses, and the version it resumed with.
+fn arm_keep(gate: &Arc<crate::server::pause::Gate>, seen: u64) -> Kept {
+    let gate = gate.clone();
+    Box::pin(async move { gate.kept(seen).await })
+}
+
+async fn kept(k: &mut Option<Kept>) -> (u64, i64) {
+    match k {
+        Some(f) => f.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The stream is frozen upstream by a `keep` pause of its route.
+fn frozen(call: &Call) -> bool {
+    call.gate()
+        .is_some_and(|(g, _)| g.paused() == Some(crate::server::pause::Mode::Keep))
+}
+
 async fn armed(a: &mut Option<Armed>) {
     match a {
         Some(f) => f.await,
@@ -326,8 +350,26 @@ async fn pump(
     let mut recorded = false;
     let api = call.api;
     let mut abort = resume.as_ref().map(arm);
+    // Where a `keep` pause ends, the tokens so far are the old version's
+    // (the servers generated nothing while frozen, and resume only once
+    // the gate is open): counted where every chunk carried its ids.
+    let mut keep = resume
+        .as_ref()
+        .and(call.gate())
+        .map(|(g, seen)| arm_keep(g, seen));
     loop {
         let next = tokio::select! {
+            biased;
+            (seen, version) = kept(&mut keep) => {
+                let tokens = src.stage.as_ref().and_then(|t| t.progress.as_ref()).and_then(Progress::counted);
+                match tokens {
+                    Some(n) if call.latest_version() != Some(version) && !recorded => call.continued(n, version),
+                    None => tracing::warn!(route = %route.name, "a stream spanned a keep pause without token ids: where the new version took over is not recorded"),
+                    _ => {}
+                }
+                keep = call.gate().map(|(g, _)| arm_keep(g, seen));
+                continue;
+            }
             r = tokio::time::timeout(route.idle_timeout, src.chunk()) => match r {
                 Ok(Ok(Some(c))) if collected.len() + c.len() > max_bytes || src.upstream_len() > max_bytes => {
                     Next::Broken(StreamError::TooLarge(max_bytes))
@@ -335,6 +377,9 @@ async fn pump(
                 Ok(Ok(Some(c))) => Next::Chunk(c),
                 Ok(Ok(None)) => Next::End,
                 Ok(Err(e)) => Next::Broken(StreamError::UpstreamClosed(error_chain(&*e))),
+                // Frozen by a `keep` pause: quiet is expected (the stream's
+                // length limit still applies).
+                Err(_) if frozen(&call) => continue,
                 Err(_) => Next::Broken(StreamError::UpstreamStalled(route.idle_timeout)),
             },
             _ = tokio::time::sleep_until(deadline) => Next::Broken(StreamError::TooLong(max_stream)),
