@@ -43,6 +43,9 @@ struct ChoiceParts<'a> {
     logprobs: Option<&'a RawValue>,
     #[serde(borrow)]
     token_ids: Option<&'a RawValue>,
+    /// SGLang's name for `token_ids` on a whole chat answer.
+    #[serde(borrow)]
+    response_token_ids: Option<&'a RawValue>,
     #[serde(borrow)]
     prompt_token_ids: Option<&'a RawValue>,
     #[serde(borrow)]
@@ -179,9 +182,11 @@ pub(super) fn assemble_compact(body: &[u8]) -> Option<Assembled> {
                         out.finish_reason = s.string()?;
                         Some(())
                     }
-                    b"logprobs" | b"token_ids" | b"prompt_token_ids" | b"prompt_logprobs" => {
-                        null(s)
-                    }
+                    b"logprobs"
+                    | b"token_ids"
+                    | b"response_token_ids"
+                    | b"prompt_token_ids"
+                    | b"prompt_logprobs" => null(s),
                     _ => s.value().map(drop),
                 }),
                 _ => s.value().map(drop),
@@ -276,6 +281,7 @@ pub(super) fn assemble_parts(body: &[u8]) -> Option<Assembled> {
     let choice: ChoiceParts = serde_json::from_str(first).ok()?;
     if choice.logprobs.is_some()
         || choice.token_ids.is_some()
+        || choice.response_token_ids.is_some()
         || choice.prompt_token_ids.is_some()
         || choice.prompt_logprobs.is_some()
     {
@@ -311,7 +317,29 @@ struct ChoiceAcc {
     finish_reason: Option<Value>,
     logprobs: Vec<Value>,
     token_ids: Option<Vec<Value>>,
+    /// Chunks that carried output (text, a tool call, logprobs) but no
+    /// `token_ids`.
+    chunks_without_ids: usize,
     prompt_token_ids: Option<Value>,
+}
+
+impl ChoiceAcc {
+    /// The completion's ids, unless some of its chunks came without theirs:
+    /// then none, rather than ids with a gap in them (which would be taken
+    /// for the answer's tokens).
+    fn complete_ids(&mut self, index: u64) -> Option<Vec<Value>> {
+        let ids = self.token_ids.take()?;
+        if self.chunks_without_ids == 0 {
+            return Some(ids);
+        }
+        tracing::warn!(
+            choice = index,
+            chunks = self.chunks_without_ids,
+            ids = ids.len(),
+            "a stream carried token ids on some chunks and not on others: its completion ids are not recorded"
+        );
+        None
+    }
 }
 
 #[derive(Default)]
@@ -320,6 +348,22 @@ struct ToolCallAcc {
     kind: Option<String>,
     name: Option<String>,
     arguments: String,
+}
+
+/// A stream chunk's choice that carries generated tokens: text, a tool
+/// call's part, or logprobs.
+fn carries_output(c: &Value) -> bool {
+    let full = |v: Option<&Value>| match v {
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        _ => false,
+    };
+    let d = c.get("delta");
+    full(d.and_then(|d| d.get("content")))
+        || full(d.and_then(|d| d.get("tool_calls")))
+        || full(d.and_then(|d| d.get("reasoning_content")))
+        || full(d.and_then(|d| d.get("reasoning")))
+        || full(super::at(c, &["logprobs", "content"]))
 }
 
 /// Join `chat.completion.chunk` events into one `chat.completion`.
@@ -420,10 +464,13 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
             if let Some(lp) = super::at(c, &["logprobs", "content"]).and_then(Value::as_array) {
                 acc.logprobs.extend(lp.iter().cloned());
             }
-            if let Some(t) = c.get("token_ids").and_then(Value::as_array) {
-                acc.token_ids
+            match c.get("token_ids").and_then(Value::as_array) {
+                Some(t) => acc
+                    .token_ids
                     .get_or_insert_with(Vec::new)
-                    .extend(t.iter().cloned());
+                    .extend(t.iter().cloned()),
+                None if carries_output(c) => acc.chunks_without_ids += 1,
+                None => {}
             }
             if let Some(p) = c.get("prompt_token_ids").filter(|p| !p.is_null()) {
                 acc.prompt_token_ids.get_or_insert_with(|| p.clone());
@@ -437,7 +484,8 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
     obj.insert("object".into(), json!("chat.completion"));
     let choices: Vec<Value> = choices
         .into_iter()
-        .map(|(index, a)| {
+        .map(|(index, mut a)| {
+            let ids = a.complete_ids(index);
             let mut msg = Map::new();
             msg.insert("role".into(), json!(a.role.unwrap_or_else(|| "assistant".into())));
             msg.insert("content".into(), a.content.map_or(Value::Null, Value::String));
@@ -467,7 +515,7 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
                 "finish_reason": a.finish_reason,
                 "logprobs": if a.logprobs.is_empty() { Value::Null } else { json!({"content": a.logprobs}) },
             });
-            if let Some(t) = a.token_ids {
+            if let Some(t) = ids {
                 choice["token_ids"] = Value::Array(t);
             }
             if let Some(p) = a.prompt_token_ids {
@@ -532,5 +580,37 @@ mod tests {
         assert_eq!(a.finish_reason.as_deref(), Some("tool_calls"));
         assert_eq!(a.usage.total, Some(8));
         assert_eq!(parse_all(stream.as_bytes()).len(), 6);
+    }
+
+    #[test]
+    fn a_stream_with_ids_on_some_chunks_only_records_no_completion_ids() {
+        let chunk = |content: &str, ids: Option<&str>| {
+            let ids = ids.map_or(String::new(), |i| format!(",\"token_ids\":[{i}]"));
+            format!("data: {{\"id\":\"c1\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{content}\"}}{ids}}}]}}\n\n")
+        };
+        let whole = [
+            "data: {\"id\":\"c1\",\"prompt_token_ids\":[7,8],\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n".to_owned(),
+            chunk("Hel", Some("1")),
+            chunk("lo", Some("2")),
+            "data: [DONE]\n\n".to_owned(),
+        ]
+        .concat();
+        let a = crate::dialect::WireApi::ChatCompletions.assemble(whole.as_bytes(), true);
+        assert_eq!(a.tokens.completion_ids, Some(vec![1, 2]));
+        // The role chunk has no output, so no ids are owed for it; a text
+        // chunk without ids is a gap.
+        let gap = [
+            chunk("Hel", Some("1")),
+            chunk("lo", None),
+            chunk("!", Some("3")),
+            "data: [DONE]\n\n".to_owned(),
+        ]
+        .concat();
+        let a = crate::dialect::WireApi::ChatCompletions.assemble(gap.as_bytes(), true);
+        assert_eq!(a.message.unwrap()["content"], "Hello!");
+        assert_eq!(
+            a.tokens.completion_ids, None,
+            "never ids with a hole in them"
+        );
     }
 }

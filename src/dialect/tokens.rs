@@ -7,7 +7,9 @@
 //!   `prompt_token_ids` (vLLM completions, SGLang `return_token_ids` /
 //!   `return_prompt_token_ids`), `sglext.input_ids` (SGLang
 //!   `return_input_ids_in_sglext`);
-//! - completion ids: per-choice `token_ids` (vLLM, SGLang `return_token_ids`),
+//! - completion ids: per-choice `token_ids` (vLLM, SGLang `return_token_ids`
+//!   on Completions), `response_token_ids` (SGLang `return_token_ids` on a
+//!   whole chat answer: 0.5.23's `ChatCompletionResponseChoice`),
 //!   `sglext.output_ids[i]` (SGLang `return_output_ids_in_sglext`);
 //! - completion logprobs: `logprobs.content[].logprob` (chat),
 //!   `logprobs.token_logprobs[]` (completions);
@@ -30,6 +32,7 @@ pub fn read(api: WireApi, resp: &Value) -> Tokens {
         .or_else(|| ids(choice.and_then(|c| c.get("prompt_token_ids"))))
         .or_else(|| ids(super::at(resp, &["sglext", "input_ids"])));
     let completion_ids = ids(choice.and_then(|c| c.get("token_ids")))
+        .or_else(|| ids(choice.and_then(|c| c.get("response_token_ids"))))
         .or_else(|| ids(super::at(resp, &["sglext", "output_ids"]).and_then(|o| o.get(index))));
     let completion_logprobs = match api {
         WireApi::Completions => choice
@@ -84,6 +87,25 @@ fn prompt_logprobs(v: &Value, prompt_ids: Option<&[i32]>) -> Option<Vec<f64>> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn sglangs_whole_chat_answer_names_its_ids_response_token_ids() {
+        // SGLang 0.5.23, `return_token_ids: true`, measured on the CPU.
+        let r = json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": "I'm"},
+                       "logprobs": {"content": [{"token": "I", "logprob": -2.38}, {"token": "'m", "logprob": -0.18}]},
+                       "prompt_token_ids": [1, 9690], "response_token_ids": [57, 5248]}]});
+        let t = read(WireApi::ChatCompletions, &r);
+        assert_eq!(t.prompt_ids, Some(vec![1, 9690]));
+        assert_eq!(t.completion_ids, Some(vec![57, 5248]));
+        assert_eq!(t.completion_logprobs, Some(vec![-2.38, -0.18]));
+        let whole = serde_json::to_vec(&r).unwrap();
+        let a = WireApi::ChatCompletions.assemble(&whole, false);
+        assert_eq!(
+            a.tokens.completion_ids,
+            Some(vec![57, 5248]),
+            "the fast path reads it too"
+        );
+    }
 
     #[test]
     fn ids_out_of_i32_range_are_not_read() {

@@ -243,6 +243,8 @@ fn strip_value(kind: CaptureKind, api: WireApi, asked: &Asked, v: &mut Value) ->
             }
             if !asked.token_ids {
                 unset(kind, c, "token_ids");
+                // SGLang's whole chat answer (0.5.23).
+                unset(kind, c, "response_token_ids");
             }
             if !prompt_asked {
                 unset(kind, c, "prompt_token_ids");
