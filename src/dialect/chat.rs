@@ -317,28 +317,33 @@ struct ChoiceAcc {
     finish_reason: Option<Value>,
     logprobs: Vec<Value>,
     token_ids: Option<Vec<Value>>,
-    /// Chunks that carried output (text, a tool call, logprobs) but no
-    /// `token_ids`.
-    chunks_without_ids: usize,
     prompt_token_ids: Option<Value>,
 }
 
 impl ChoiceAcc {
-    /// The completion's ids, unless some of its chunks came without theirs:
-    /// then none, rather than ids with a gap in them (which would be taken
-    /// for the answer's tokens).
-    fn complete_ids(&mut self, index: u64) -> Option<Vec<Value>> {
+    /// The completion's ids, unless they are fewer or more than the tokens
+    /// the stream says it sampled (its logprobs, one per token, or the
+    /// usage's `completion_tokens` when `usage` is this choice's alone):
+    /// then none, rather than ids with a hole in them (which would be taken
+    /// for the answer's tokens). A server may put several tokens' ids on
+    /// one chunk and none on the next, so chunks are not counted.
+    fn complete_ids(&mut self, index: u64, usage: Option<u64>) -> Option<Vec<Value>> {
         let ids = self.token_ids.take()?;
-        if self.chunks_without_ids == 0 {
-            return Some(ids);
+        let n = ids.len();
+        let logprobs = (!self.logprobs.is_empty()).then_some(self.logprobs.len());
+        let sampled = logprobs.or(usage.and_then(|u| usize::try_from(u).ok()));
+        match sampled {
+            Some(k) if k != n => {
+                tracing::warn!(
+                    choice = index,
+                    ids = n,
+                    tokens = k,
+                    "a stream's token ids do not cover its tokens (some chunks came without theirs): its completion ids are not recorded"
+                );
+                None
+            }
+            _ => Some(ids),
         }
-        tracing::warn!(
-            choice = index,
-            chunks = self.chunks_without_ids,
-            ids = ids.len(),
-            "a stream carried token ids on some chunks and not on others: its completion ids are not recorded"
-        );
-        None
     }
 }
 
@@ -348,22 +353,6 @@ struct ToolCallAcc {
     kind: Option<String>,
     name: Option<String>,
     arguments: String,
-}
-
-/// A stream chunk's choice that carries generated tokens: text, a tool
-/// call's part, or logprobs.
-fn carries_output(c: &Value) -> bool {
-    let full = |v: Option<&Value>| match v {
-        Some(Value::String(s)) => !s.is_empty(),
-        Some(Value::Array(a)) => !a.is_empty(),
-        _ => false,
-    };
-    let d = c.get("delta");
-    full(d.and_then(|d| d.get("content")))
-        || full(d.and_then(|d| d.get("tool_calls")))
-        || full(d.and_then(|d| d.get("reasoning_content")))
-        || full(d.and_then(|d| d.get("reasoning")))
-        || full(super::at(c, &["logprobs", "content"]))
 }
 
 /// Join `chat.completion.chunk` events into one `chat.completion`.
@@ -464,13 +453,10 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
             if let Some(lp) = super::at(c, &["logprobs", "content"]).and_then(Value::as_array) {
                 acc.logprobs.extend(lp.iter().cloned());
             }
-            match c.get("token_ids").and_then(Value::as_array) {
-                Some(t) => acc
-                    .token_ids
+            if let Some(t) = c.get("token_ids").and_then(Value::as_array) {
+                acc.token_ids
                     .get_or_insert_with(Vec::new)
-                    .extend(t.iter().cloned()),
-                None if carries_output(c) => acc.chunks_without_ids += 1,
-                None => {}
+                    .extend(t.iter().cloned());
             }
             if let Some(p) = c.get("prompt_token_ids").filter(|p| !p.is_null()) {
                 acc.prompt_token_ids.get_or_insert_with(|| p.clone());
@@ -482,10 +468,19 @@ pub fn assemble_stream(events: &[Event]) -> StreamOutcome {
     }
     let mut obj = head;
     obj.insert("object".into(), json!("chat.completion"));
+    // The usage counts every choice's tokens: one choice's check only.
+    let usage_completion = (choices.len() == 1)
+        .then(|| {
+            usage
+                .as_ref()
+                .and_then(|u| u.get("completion_tokens"))
+                .and_then(Value::as_u64)
+        })
+        .flatten();
     let choices: Vec<Value> = choices
         .into_iter()
         .map(|(index, mut a)| {
-            let ids = a.complete_ids(index);
+            let ids = a.complete_ids(index, usage_completion);
             let mut msg = Map::new();
             msg.insert("role".into(), json!(a.role.unwrap_or_else(|| "assistant".into())));
             msg.insert("content".into(), a.content.map_or(Value::Null, Value::String));
@@ -584,9 +579,10 @@ mod tests {
 
     #[test]
     fn a_stream_with_ids_on_some_chunks_only_records_no_completion_ids() {
+        // vLLM's shape: each chunk its token's logprob and id.
         let chunk = |content: &str, ids: Option<&str>| {
             let ids = ids.map_or(String::new(), |i| format!(",\"token_ids\":[{i}]"));
-            format!("data: {{\"id\":\"c1\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{content}\"}}{ids}}}]}}\n\n")
+            format!("data: {{\"id\":\"c1\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{content}\"}},\"logprobs\":{{\"content\":[{{\"token\":\"{content}\",\"logprob\":-0.5}}]}}{ids}}}]}}\n\n")
         };
         let whole = [
             "data: {\"id\":\"c1\",\"prompt_token_ids\":[7,8],\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n".to_owned(),
@@ -598,7 +594,7 @@ mod tests {
         let a = crate::dialect::WireApi::ChatCompletions.assemble(whole.as_bytes(), true);
         assert_eq!(a.tokens.completion_ids, Some(vec![1, 2]));
         // The role chunk has no output, so no ids are owed for it; a text
-        // chunk without ids is a gap.
+        // chunk without ids leaves a token without one.
         let gap = [
             chunk("Hel", Some("1")),
             chunk("lo", None),

@@ -210,6 +210,19 @@ def test_chat_ids_and_logprobs_equal_vllms_own(vllm, proxy, stream):
     assert "Paris" in text
 
 
+def translated_call(vllm: h.Vllm, proxy: h.Proxy, rid: str, api: str, body: dict) -> tuple[h.RawResponse, str]:
+    """`body` through rollcall's `api` endpoint (translated to the vllm
+    route's Chat Completions): the answer, once its row's tokens are checked
+    against vLLM's own; and vLLM's own text."""
+    r = h.post_json(proxy.url, f"/rollouts/{rid}/v1/{api}", body,
+                    headers={"anthropic-version": "2023-06-01"}, timeout=300)
+    assert r.status == 200, r.body[:2000]
+    (row,) = rows_of(proxy, rid)
+    assert row["wire_api"] == api
+    ref = assert_tokens_equal_direct(vllm, row)
+    return r, ref["choices"][0]["message"]["content"]
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_responses_as_codex_sends_are_captured_on_the_vllm_route(vllm, proxy, stream):
     rid = f"responses-{stream}"
@@ -217,12 +230,7 @@ def test_responses_as_codex_sends_are_captured_on_the_vllm_route(vllm, proxy, st
                                        "content": [{"type": "input_text", "text": PROMPT}]}],
             "instructions": "You are a helpful assistant.", "max_output_tokens": MAX_TOKENS,
             "temperature": 0, "stream": stream, "store": False}
-    r = h.post_json(proxy.url, f"/rollouts/{rid}/v1/responses", body, timeout=300)
-    assert r.status == 200, r.body[:2000]
-    (row,) = rows_of(proxy, rid)
-    assert row["wire_api"] == "responses"
-    ref = assert_tokens_equal_direct(vllm, row)
-    want = ref["choices"][0]["message"]["content"]
+    r, want = translated_call(vllm, proxy, rid, "responses", body)
     if stream:
         events = [(e, json.loads(d)) for e, d in h.sse_events(r.body)]
         done = [d for e, d in events if e == "response.completed"]
@@ -239,20 +247,14 @@ def test_messages_as_claude_code_sends_are_captured_on_the_vllm_route(vllm, prox
     body = {"model": MODEL, "system": [{"type": "text", "text": "You are a helpful assistant."}],
             "messages": [{"role": "user", "content": [{"type": "text", "text": PROMPT}]}],
             "max_tokens": MAX_TOKENS, "temperature": 0, "stream": stream}
-    r = h.post_json(proxy.url, f"/rollouts/{rid}/v1/messages", body,
-                    headers={"anthropic-version": "2023-06-01"}, timeout=300)
-    assert r.status == 200, r.body[:2000]
-    (row,) = rows_of(proxy, rid)
-    assert row["wire_api"] == "messages"
-    ref = assert_tokens_equal_direct(vllm, row)
-    want = ref["choices"][0]["message"]["content"]
+    r, want = translated_call(vllm, proxy, rid, "messages", body)
     if stream:
         text = "".join(json.loads(d).get("delta", {}).get("text", "")
                        for e, d in h.sse_events(r.body) if e == "content_block_delta")
         assert [e for e, _ in h.sse_events(r.body)][-1] == "message_stop"
     else:
         text = r.json()["content"][0]["text"]
-        assert r.json()["usage"]["output_tokens"] == ref["usage"]["completion_tokens"]
+        assert r.json()["usage"]["output_tokens"] == len(rows_of(proxy, rid)[0]["completion_token_ids"])
     assert text == want
 
 
