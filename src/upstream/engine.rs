@@ -143,7 +143,8 @@ impl Route {
             return Err(Refused::NoKeep(self.kind));
         }
         Ok(hinted(
-            self.post_each("/pause?mode=keep", None, wait).await,
+            self.post_each("/pause?mode=keep", Some(Bytes::from_static(b"{}")), wait)
+                .await,
             VLLM_DEV,
         ))
     }
@@ -154,7 +155,8 @@ impl Route {
             return Err(Refused::NoKeep(self.kind));
         }
         Ok(hinted(
-            self.post_each("/resume", None, wait).await,
+            self.post_each("/resume", Some(Bytes::from_static(b"{}")), wait)
+                .await,
             VLLM_DEV,
         ))
     }

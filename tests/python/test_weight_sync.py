@@ -307,3 +307,31 @@ def test_abort_mid_stream_continues_a_translated_responses_stream(make_proxy, up
     h.wait_for_shards(p.url)
     row = h.duck_dicts(p.shards, "SELECT status, continued, policy_version_end FROM t")[0]
     assert row["status"] == "ok" and json.loads(row["continued"])[0]["policy_version"] == 1, row
+
+
+def test_a_vllm_server_without_its_development_endpoints_is_a_clear_error(make_proxy, upstream, tmp_path):
+    """A vllm route whose server has no `/pause`, `/resume` or
+    `/collective_rpc` (vLLM without VLLM_SERVER_DEV_MODE=1; here the
+    scripted server, which has none of them): `keep` and `load` are 502s
+    whose answers name the endpoint and the setting, the gate is open
+    again, and calls still go through. A route of another kind is refused
+    `keep` before anything is sent. (tests/python/test_vllm.py runs them
+    against vLLM itself.)"""
+    cfg = vllm_route(upstream) + f'[[routes]]\nname = "plain"\nurl = "{upstream}/v1"\nmodels = ["plain"]\n'
+    p = make_proxy(toml=cfg, env={"TEST_ADMIN_KEYS": ADMIN, "TEST_CLIENT_KEYS": CLIENT})
+    r = admin(p.url, "POST", "/v1/admin/pause", {"mode": "keep", "route": "policy"})
+    assert r.status == 502, r.body
+    (u,) = r.json()["upstream"]
+    assert u["success"] is False and "/pause?mode=keep" in u["error"] and "VLLM_SERVER_DEV_MODE=1" in u["error"], u
+    assert r.json()["routes"]["policy"]["paused"] is None, "the gate is open again"
+    r = admin(p.url, "POST", "/v1/admin/pause", {"mode": "keep"})
+    assert r.status == 400 and r.json()["error"]["code"] == "keep_unsupported" and '"plain"' in r.json()["error"]["message"]
+    assert admin(p.url, "GET", "/v1/admin/status").json()["routes"]["policy"]["paused"] is None
+    weights = tmp_path / "ckpt"
+    weights.mkdir()
+    r = admin(p.url, "POST", "/v1/admin/load", {"route": "policy", "model_path": str(weights), "policy_version": 5})
+    assert r.status == 502, r.body
+    v = r.json()
+    assert v["routes"]["policy"]["paused"] is None and v["routes"]["policy"]["policy_version"] == 0
+    assert "/pause?mode=keep" in v["upstream"][0]["error"], v
+    assert chat(p.url, "after", "still served").status == 200
